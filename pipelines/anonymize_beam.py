@@ -59,7 +59,7 @@ from kvtrace.transforms.write.coarsen import published_requests
 from kvtrace.transforms.write.manifest import manifest_path, trace_origin_ms
 from kvtrace.transforms.write.rows import assemble_rows, request_room
 from kvtrace.transforms.write.shards import block_hashes_staging, shard_plan
-from kvtrace.transforms.write.steps import WriteShard
+from kvtrace.transforms.write.steps import NumberParents, WriteShard
 from kvtrace.transforms.write.totals import ExportTotals, sum_totals
 
 __all__ = ["AnonymizeConfig", "AnonymizeOutputs", "build", "run_beam"]
@@ -153,6 +153,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
                         (
                             b.requests,
                             engine_hashes(b.block_hashes) if config.block_hashes else None,
+                            b.links if config.emit_parents else None,
                         ),
                     )
                 ),
@@ -216,6 +217,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "WriteDeadLetters" >> beam.Map(lambda _, staged: _write_letters(config, staged), staged)
     )
 
+    if config.emit_parents:  # ranks need each shard's rows whole: sorted once, here
+        rows = rows | "NumberParents" >> NumberParents()
     trace_files = rows | "WriteShards" >> WriteShards(config, plan, rows_origin, counts)
     totals = (
         hashed

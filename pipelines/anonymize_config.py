@@ -78,6 +78,11 @@ class AnonymizeConfig:
         return sum(size for _, size in self.inputs)
 
     @property
+    def emit_parents(self) -> bool:
+        """Whether rows publish their parent row (write/parents.py): the parse reads links."""
+        return self.parse.links
+
+    @property
     def compacts_map(self) -> bool:
         """Whether the run rewrites the id map whole: every MAX_SEGMENTS nights, and when its
         shard count differs from the map's (segments must all be split alike)."""

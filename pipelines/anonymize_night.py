@@ -78,6 +78,7 @@ from kvtrace.transforms.write.manifest import (
     write_json,
     write_run_counts,
 )
+from kvtrace.transforms.write.parents import with_parents
 from kvtrace.transforms.write.publish import (
     DEAD_LETTER_FILE,
     publication,
@@ -167,7 +168,10 @@ def finish_night(
         numbered["sessions"].ids,
         engine_hashes(whole.block_hashes) if config.block_hashes else None,
         config.emit_output_hashes,
+        whole.links if config.emit_parents else None,
     )
+    if config.emit_parents:
+        rows = with_parents(rows)
     with run_segments(config):  # written here, settled by the commit, else removed
         segments = {kind: write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
         files = write_shards(config, whole, rows, rows_origin_ms(config, origin, earliest_ms))

@@ -167,6 +167,102 @@ FINLAND = {
 }
 
 
+def agent_log() -> list[dict]:
+    """An agent's requests, linked as the logs link them (anonymize --emit-parents), in time
+    order: (record, the index of the record its row's parent_row names, or None)."""
+    call = {"id": "call_9", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    ask = [{"role": "user", "content": "List the files ."}]
+    return [
+        # 0: a Responses request; its response (resp_a) calls a tool
+        (
+            {
+                "timestamp": 0,
+                "input": [{"role": "user", "content": "Weather in Paris ?"}],
+                "response": {
+                    "id": "resp_a",
+                    "output": [{"type": "function_call", "call_id": "c_x", "name": "w"}],
+                    "usage": {"output_tokens": 12},
+                },
+            },
+            None,
+        ),
+        # 1 and 2: a subagent, a conversation of its own spawned from resp_a, two requests long
+        (
+            {
+                "timestamp": 500,
+                "session_id": "explorer",
+                "previous_response_id": "resp_a",
+                "input": [{"role": "user", "content": "Explore the files ."}],
+                "response": {"id": "resp_s", "output": [], "usage": {"output_tokens": 3}},
+            },
+            0,
+        ),
+        (
+            {
+                "timestamp": 800,
+                "session_id": "explorer",
+                "previous_response_id": "resp_s",
+                "input": [{"role": "user", "content": "Go on ."}],
+                "output_length": 3,
+            },
+            1,
+        ),
+        # 3 and 4: two branches continuing resp_a
+        (
+            {
+                "timestamp": 1000,
+                "previous_response_id": "resp_a",
+                "input": [{"type": "function_call_output", "call_id": "c_x", "output": "21C"}],
+                "response": {"id": "resp_b", "output": [], "usage": {"output_tokens": 5}},
+            },
+            0,
+        ),
+        (
+            {
+                "timestamp": 1500,
+                "previous_response_id": "resp_a",
+                "input": [{"role": "user", "content": "And in Rome ?"}],
+                "output_length": 7,
+            },
+            0,
+        ),
+        # 5 and 6: a chat whose answer calls a tool, then the request holding its result
+        (
+            {
+                "timestamp": 2000,
+                "session_id": "s2",
+                "messages": ask,
+                "response": {"choices": [{"message": {"role": "assistant", "tool_calls": [call]}}]},
+                "output_length": 9,
+            },
+            None,
+        ),
+        (
+            {
+                "timestamp": 2600,
+                "session_id": "s2",
+                "messages": [
+                    *ask,
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_9", "content": "a.txt b.txt"},
+                ],
+                "output_length": 4,
+            },
+            5,
+        ),
+        # 7: continues a response no row of the night holds
+        (
+            {
+                "timestamp": 3000,
+                "previous_response_id": "resp_gone",
+                "input": [{"role": "user", "content": "Thanks ."}],
+                "output_length": 2,
+            },
+            None,
+        ),
+    ]
+
+
 def anonymize(tokenizer, inputs, out: Path, *extra: str) -> int:
     args = ["anonymize", "--output", str(out), "--tokenizer", tokenizer, *extra]
     for path in inputs:

@@ -53,8 +53,15 @@ OUTPUT_IDS_FIELD = "output_hash_ids"
 RESPONSE_FIELD = "response_ms"
 NO_RESPONSE_MS = -1  # in columns: the log did not say when the response ended
 NO_SESSION = -1  # in columns: the request had no session
+# With --emit-parents: the row number (0-based, across the trace's shards in file order) of the
+# request this one continues or was spawned by, where the logs linked them (a Responses
+# `previous_response_id`, a tool result's call id: read/links.py). Only a row number that
+# precedes the row: structure, never an id string (docs/PRIVACY.md).
+PARENT_FIELD = "parent_row"
+NO_PARENT = -1  # in columns: no earlier row of the trace is the request's parent
 ROW_FIELDS = (TIMESTAMP_FIELD, INPUT_LENGTH_FIELD, OUTPUT_LENGTH_FIELD, HASH_IDS_FIELD)
-OPTIONAL_FIELDS = (OUTPUT_IDS_FIELD, RESPONSE_FIELD, SESSION_FIELD)  # in some traces or rows only
+# in some traces or rows only
+OPTIONAL_FIELDS = (OUTPUT_IDS_FIELD, RESPONSE_FIELD, SESSION_FIELD, PARENT_FIELD)
 # No count, length, time in ms (~35 years) or dense id a night publishes comes near this: a
 # larger integer is a hash or a token id, whatever field it is in.
 MAX_PUBLISHED_INT = 1 << 40
@@ -100,6 +107,7 @@ TRACE_SCHEMA = pa.schema(
 )
 OUTPUT_IDS_COLUMN = pa.field(OUTPUT_IDS_FIELD, _ID_LIST, nullable=False)
 RESPONSE_COLUMN = pa.field(RESPONSE_FIELD, pa.int64(), nullable=True)
+PARENT_COLUMN = pa.field(PARENT_FIELD, pa.int64(), nullable=True)
 
 
 class FormatError(ValueError):
@@ -124,6 +132,7 @@ class TraceColumns:
     response_ms: np.ndarray  # int64, NO_RESPONSE_MS where a row has none
     num_output_ids: np.ndarray | None = None  # with output_hash_ids only
     output_ids: np.ndarray | None = None
+    parent: np.ndarray | None = None  # int64, NO_PARENT where a row has none; None: no row has
 
     def __len__(self) -> int:
         return len(self.timestamp)
@@ -131,6 +140,10 @@ class TraceColumns:
     @property
     def has_response(self) -> bool:
         return bool((self.response_ms != NO_RESPONSE_MS).any())
+
+    @property
+    def has_parent(self) -> bool:
+        return self.parent is not None and bool((self.parent != NO_PARENT).any())
 
     def rows(self, start: int, stop: int) -> TraceColumns:
         """Rows start to stop (views, no copy)."""
@@ -151,21 +164,24 @@ class TraceColumns:
             self.session[start:stop],
             self.response_ms[start:stop],
             *outputs,
+            None if self.parent is None else self.parent[start:stop],
         )
 
     def schema(self) -> pa.Schema:
         """The Parquet schema kvtrace writes these rows with: the optional columns only when
         they hold something (output ids asked for; a response time known for some row)."""
-        return written_schema(self.output_ids is not None, self.has_response)
+        return written_schema(self.output_ids is not None, self.has_response, self.has_parent)
 
 
-def written_schema(with_outputs: bool, with_response: bool) -> pa.Schema:
+def written_schema(with_outputs: bool, with_response: bool, with_parent: bool = False) -> pa.Schema:
     """The schema of a shard kvtrace writes, with or without each optional column."""
     schema = TRACE_SCHEMA
     if with_outputs:
         schema = schema.append(OUTPUT_IDS_COLUMN)
     if with_response:
         schema = schema.append(RESPONSE_COLUMN)
+    if with_parent:
+        schema = schema.append(PARENT_COLUMN)
     return schema
 
 
@@ -178,6 +194,7 @@ def jsonl_bytes(columns: TraceColumns) -> bytes:
         if columns.output_ids is None
         else _list_texts(columns.output_ids, columns.num_output_ids)
     )
+    parents = [NO_PARENT] * len(columns) if columns.parent is None else columns.parent.tolist()
     rows = zip(
         columns.timestamp.tolist(),
         columns.input_length.tolist(),
@@ -185,12 +202,20 @@ def jsonl_bytes(columns: TraceColumns) -> bytes:
         columns.session.tolist(),
         columns.response_ms.tolist(),
         ids,
+        parents,
     )
     lines = []
-    for row, (timestamp, input_length, output_length, session, response, row_ids) in enumerate(
-        rows
-    ):
-        tail = "]}" if session == NO_SESSION else f'], "{SESSION_FIELD}": {session}}}'
+    for row, (
+        timestamp,
+        input_length,
+        output_length,
+        session,
+        response,
+        row_ids,
+        parent,
+    ) in enumerate(rows):
+        tail = "}" if parent == NO_PARENT else f', "{PARENT_FIELD}": {parent}}}'
+        tail = "]" + (tail if session == NO_SESSION else f', "{SESSION_FIELD}": {session}' + tail)
         if response != NO_RESPONSE_MS:
             tail = f'], "{RESPONSE_FIELD}": {response}' + tail[1:]
         if outputs is not None:
@@ -280,6 +305,8 @@ def parquet_bytes(columns: TraceColumns) -> bytes:
         arrays.append(list_array(columns.num_output_ids, columns.output_ids))
     if columns.has_response:
         arrays.append(arrow_array(columns.response_ms, valid=columns.response_ms != NO_RESPONSE_MS))
+    if columns.has_parent:
+        arrays.append(arrow_array(columns.parent, valid=columns.parent != NO_PARENT))
     return table_bytes(pa.Table.from_arrays(arrays, schema=columns.schema()))
 
 
@@ -315,9 +342,10 @@ def check_values(columns: TraceColumns) -> None:
         "response_ms",
         "num_output_ids",
         "output_ids",
+        "parent",
     ):
         values = getattr(columns, name)
-        low = -1 if name in ("session", "response_ms") else 0
+        low = -1 if name in ("session", "response_ms", "parent") else 0
         high = {
             "input_length": MAX_INPUT_LENGTH,
             "output_length": MAX_OUTPUT_LENGTH,
@@ -351,6 +379,7 @@ _JSONL_SCHEMA = pa.schema(
         (OUTPUT_IDS_FIELD, _ID_ITEMS),
         (RESPONSE_FIELD, pa.int64()),
         (SESSION_FIELD, pa.int64()),
+        (PARENT_FIELD, pa.int64()),
     ]
 )
 
@@ -457,7 +486,9 @@ def _parsed_jsonl(data: bytes) -> TraceColumns:
     return TraceColumns(
         *(joined(name) for name in ("timestamp", "input_length", "output_length")),
         *(joined(name) for name in ("num_ids", "ids", "session", "response_ms")),
-        *(joined(name) for name in outputs),
+        *(joined(name) for name in outputs) if outputs else (None, None),
+        # only where some row holds one, as kvtrace writes the column
+        parent if (parent := joined("parent")).size and (parent != NO_PARENT).any() else None,
     )
 
 
@@ -492,6 +523,7 @@ def _block_columns(batch: pa.RecordBatch) -> dict[str, np.ndarray | None]:
         "response_ms": ints(RESPONSE_FIELD, NO_RESPONSE_MS),
         "num_output_ids": num_outputs,
         "output_ids": output_ids,
+        "parent": ints(PARENT_FIELD, NO_PARENT),
     }
 
 

@@ -244,6 +244,14 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "space; kvtrace simulate --decode-cache replays them",
     )
     add(
+        "--emit-parents",
+        action="store_true",
+        default=None,
+        help="also publish parent_row: the row number of the request each one continues or was "
+        "spawned by, where the logs link them (a Responses previous_response_id, a tool "
+        "result's call id); structure only, never an id",
+    )
+    add(
         "--segment-cache-mb",
         metavar="SIZE",
         help="memory each worker process gives its segment cache: MiB, or 1GB (10^9), 1GiB "
@@ -647,6 +655,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             options["drop_non_text_parts"],
             options["max_record_bytes"],
             capture,
+            links=bool(options.get("emit_parents")),
         ),
         chat_template_kwargs=options["chat_template_kwargs"],
         max_rejected_fraction=options["max_rejected_fraction"],

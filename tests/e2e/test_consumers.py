@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TESTS, anonymize, trace, write_jsonl
+from helpers import TESTS, agent_log, anonymize, trace, write_jsonl
 from kvtrace.cli import main
+from kvtrace.transforms.trace_format import PARENT_FIELD
 
 CONSUMERS = TESTS / "consumers"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. " * 40}
@@ -377,3 +378,112 @@ def test_calibration_recovers_the_dynamo_mockers_capacity_and_hit_rate(
     assert lru["verdict"] is None, lru
     assert abs(lru["capacity_tokens"] - 16 * gpu_blocks) <= 0.1 * 16 * gpu_blocks, lru
     assert abs(lru["hit_rate_difference"]) <= 0.01, lru
+
+
+@pytest.fixture(scope="module")
+def agent_trace(tiny_tokenizer, tmp_path_factory) -> Path:
+    """agent_log anonymized with --emit-parents: a subagent, two branches, a tool result."""
+    tmp = tmp_path_factory.mktemp("agent")
+    src = write_jsonl(tmp / "agent.jsonl", [record for record, _ in agent_log()])
+    extra = ("--block-size", "4", "--emit-parents")
+    assert anonymize(tiny_tokenizer, [src], tmp / "out", *extra) == 0
+    return tmp / "out"
+
+
+def linked_rows(folder: Path) -> list[dict]:
+    """Each row as Dynamo must replay it (dynamo_links.py): its predecessor is its parent_row,
+    else its session's previous row, and it waits the gap after that one's logged end."""
+    rows, expected, last = trace(folder), [], {}
+    for index, row in enumerate(rows):
+        after = row.get(PARENT_FIELD, last.get(row.get("session")))
+        wait = None
+        if after is not None:
+            before = rows[after]
+            wait = row["timestamp"] - before["timestamp"] - before.get("response_ms", 0)
+        if "session" in row:
+            last[row["session"]] = index
+        expected.append(
+            {"prompt": row["input_length"], "not_before": row["timestamp"], "after": after}
+        )
+        expected[-1]["wait"] = wait
+    return expected
+
+
+@pytest.mark.parametrize(
+    "variable, script", [with_tool("KVTRACE_DYNAMO_PYTHON", "dynamo_links.py")]
+)
+def test_dynamo_replays_subagents_branches_and_tool_results_as_linked(
+    agent_trace, variable, script, tmp_path
+):
+    """Dynamo's own agentic reader and simulated engine: each row waits on the row it
+    continues; a subagent's conversation spawns from its parent's, two branches wait on one."""
+    path = tmp_path / "agentic.jsonl"
+    assert main(["export", str(agent_trace), "--to", "dynamo-agentic", "-o", str(path)]) == 0
+    expected = tmp_path / "expected.json"
+    expected.write_text(json.dumps({"rows": linked_rows(agent_trace)}))
+    result = subprocess.run(
+        [os.environ[variable], str(CONSUMERS / script), str(path), "4", str(expected)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
+    # plays: the agent with its subagent and branches, the tool-calling chat, the lone row;
+    # edges: the subagent's two, two branches, the tool result; row 0 has three children
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "rows": 8,
+        "plays": 3,
+        "dependencies": 5,
+        "spawns": 1,
+        "branch_points": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    "variable, script",
+    [
+        with_tool("KVTRACE_AIPERF_PYTHON", "aiperf_weka.py"),
+        with_tool("KVTRACE_DYNAMO_PYTHON", "dynamo_weka_rows.py"),
+    ],
+)
+def test_weka_readers_take_the_subagent_entries(agent_trace, variable, script, tmp_path):
+    """The subagent's conversation is a `subagent` entry of its parent's play: aiperf's own
+    schema accepts it (extra fields forbidden) and Dynamo's Weka importer replays every row."""
+    path = tmp_path / "agent.weka.jsonl"
+    assert main(["export", str(agent_trace), "--to", "weka", "-o", str(path)]) == 0
+    plays = [json.loads(line) for line in path.read_text().splitlines()]
+    (entry,) = [r for play in plays for r in play["requests"] if r["type"] == "subagent"]
+    assert [r["t"] for r in entry["requests"]] == [0.5, 0.8]
+    result = subprocess.run(
+        [os.environ[variable], str(CONSUMERS / script), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["conversations"] == 3
+    assert summary["requests"] == (8 if "dynamo" in script else 7)  # aiperf: outer entries
+
+
+@pytest.mark.parametrize(
+    "variable, script", [with_tool("KVTRACE_GUIDELLM_PYTHON", "guidellm_weka_graph.py")]
+)
+def test_guidellm_replays_the_subagent_as_a_chain_spawned_from_its_parent(
+    agent_trace, variable, script, deepseek_tokenizer, tmp_path
+):
+    """guidellm's own WEKA reader builds the subagent's two requests as a chain of their own,
+    spawned with a new history from the request they continue; the agent's next turn joins it
+    (the WEKA format's rule: a parent's next request follows its subagent)."""
+    path = tmp_path / "agent.weka.jsonl"
+    assert main(["export", str(agent_trace), "--to", "weka", "-o", str(path)]) == 0
+    result = replay_check(variable, script, path, 4, deepseek_tokenizer)
+    assert result.returncode == 0, result.stderr[-2000:]
+    turns = json.loads(result.stdout.strip().splitlines()[-1])["turns"]
+    rows = trace(agent_trace)
+    assert len(turns) == len(rows)
+    play = [t for t in turns if t["play"] == turns[0]["play"]]
+    sub = [t for t in play if t["agent"] != play[0]["agent"]]
+    assert [t["prompt"] for t in sub] == [rows[1]["input_length"], rows[2]["input_length"]]
+    assert sub[0]["parents"] == [[play[0]["node"], "new"]]
+    assert sub[1]["parents"] == [[sub[0]["node"], "full"]]

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from helpers import (
     MINUTE,
     STREAM_SALT,
+    agent_log,
     check_letters_published_by_the_protocol,
     letters,
     message,
@@ -591,3 +592,23 @@ def test_one_watermark_advance_publishes_every_due_window(tmp_path, monkeypatch)
     assert published == ["window-000000", "window-000001", "window-000002"]
     # The open window keeps its timer; the published ones' are gone.
     assert list(deadline.set_at) == [str(3 * MINUTE)]
+@pytest.mark.beam
+@pytest.mark.slow  # a streaming pipeline: ~5 s
+def test_a_window_numbers_its_rows_parents_as_a_night_does(tiny_tokenizer, tmp_path, monkeypatch):
+    """--emit-parents on a stream: each window is a night, its parent_row numbers its own rows
+    (finish_night) as a night of the same requests does (tests/e2e/test_parent_rows.py)."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from kvtrace.transforms.read.records import ParseOptions
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    config = dataclasses.replace(
+        config, job=dataclasses.replace(config.job, parse=ParseOptions(links=True))
+    )
+    logged = agent_log()
+    stream = TestStream().add_elements([message(record) for record, _ in logged])
+    run_stream(config, stream.advance_watermark_to_infinity())
+    (window,) = [p for p in Path(config.job.output).iterdir() if p.is_dir()]
+    rows = [json.loads(line) for line in (window / "trace-00000-of-00001.jsonl").open()]
+    assert [row.get("parent_row") for row in rows] == [parent for _, parent in logged]

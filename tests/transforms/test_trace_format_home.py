@@ -186,6 +186,7 @@ def _columns_with_every_field() -> TraceColumns:
         one * 40,
         np.array([1]),
         np.array([2]),
+        np.array([0]),
     )
 
 

@@ -23,7 +23,13 @@ from kvtrace.transforms.encode.captures import BLOCK_SIZE_MISMATCH, hash_capture
 from kvtrace.transforms.encode.fallible_tokenizer import TokenizerFailure
 from kvtrace.transforms.encode.fast_backend import DEFAULT_BACKEND
 from kvtrace.transforms.encode.fingerprint import fingerprint as request_fingerprint
-from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.encode.hashed_batch import (
+    LINK_SIZE,
+    HashedBatch,
+    HashedRequest,
+    link_key,
+    links_digest,
+)
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.schemes import HashScheme
 from kvtrace.transforms.encode.segment_cache import (
@@ -89,6 +95,11 @@ def hash_request(
         output_block_hashes=b""
         if not output_data
         else _output_block_hashes(data, output_data, block_size, seed, scheme),
+        parent_key=0 if request.continues is None else link_key(session, request.continues, seed),
+        link_keys=b"".join(
+            link_key(session, name, seed).to_bytes(LINK_SIZE, "little") for name in request.links
+        ),
+        links_digest=links_digest(request.continues, request.links),
     )
 
 

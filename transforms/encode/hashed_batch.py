@@ -8,11 +8,13 @@ pickle of a few arrays rather than one per request.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import xxhash
 
-from kvtrace.transforms.encode.blocks import DIGEST_SIZE
+from kvtrace.transforms.encode.blocks import DIGEST_SIZE, keyed_digest
+from kvtrace.transforms.read.links import in_conversation
 from kvtrace.transforms.read.measured import NOT_MEASURED
 from kvtrace.transforms.trace_format import NO_RESPONSE_MS
 
@@ -37,6 +39,32 @@ class HashedRequest:
     response_ms: int = NO_RESPONSE_MS  # when the log did not say when the response ended
     # The prompt tokens the engine reported cached: private, written only to the measured file.
     cached_tokens: int = NOT_MEASURED
+    # read/links.py's links, keyed (link_key): the request this one continues (NO_LINK: none),
+    # and the links naming this one, LINK_SIZE bytes each. Never published.
+    parent_key: int = 0
+    link_keys: bytes = b""
+    # Unsalted digest of the links: orders requests alike in all else the same way whatever the
+    # salt (the rows' parents are row numbers, so their order is published).
+    links_digest: int = 0
+
+
+NO_LINK = 0
+LINK_SIZE = 8
+
+
+def links_digest(continues: str | None, links: Sequence[str]) -> int:
+    """The unsalted digest of a request's links (HashedRequest.links_digest); 0 for none."""
+    if continues is None and not links:
+        return 0
+    return xxhash.xxh3_64_intdigest("\0".join([continues or "", *links]).encode())
+
+
+def link_key(session: str | None, link: str, seed: bytes) -> int:
+    """A link's key, within its conversation where it names something only there
+    (links.in_conversation), keyed like a session's; never NO_LINK."""
+    scope = session if session is not None and in_conversation(link) else ""
+    scoped = f"{scope}\0{link}"
+    return int.from_bytes(keyed_digest(scoped, seed)[:LINK_SIZE], "little") | 1
 
 
 REQUEST = np.dtype(
@@ -54,6 +82,9 @@ REQUEST = np.dtype(
         ("num_output_blocks", "<i8"),
         ("response_ms", "<i8"),
         ("cached_tokens", "<i8"),
+        ("parent_key", "<u8"),  # NO_LINK when the request continues none
+        ("num_links", "<i8"),
+        ("links_digest", "<u8"),
     ]
 )
 
@@ -64,6 +95,8 @@ class HashedBatch:
     # (total blocks, 2) uint64: each request's prompt block hashes then its output block hashes,
     # in request order
     block_hashes: np.ndarray
+    # uint64: each request's link keys (HashedRequest.link_keys), concatenated in request order
+    links: np.ndarray = field(default_factory=lambda: np.empty(0, "<u8"))
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -81,6 +114,9 @@ class HashedBatch:
         columns["num_output_blocks"] = [len(r.output_block_hashes) // DIGEST_SIZE for r in requests]
         columns["response_ms"] = [r.response_ms for r in requests]
         columns["cached_tokens"] = [r.cached_tokens for r in requests]
+        columns["parent_key"] = [r.parent_key for r in requests]
+        columns["num_links"] = [len(r.link_keys) // LINK_SIZE for r in requests]
+        columns["links_digest"] = [r.links_digest for r in requests]
         sessions = [(i, r.session_key) for i, r in enumerate(requests) if r.session_key]
         if sessions:
             index = [i for i, _ in sessions]
@@ -90,19 +126,22 @@ class HashedBatch:
         hashes = np.frombuffer(
             b"".join(r.block_hashes + r.output_block_hashes for r in requests), dtype="<u8"
         )
-        return HashedBatch(columns, hashes.reshape(-1, 2))
+        links = np.frombuffer(b"".join(r.link_keys for r in requests), dtype="<u8")
+        return HashedBatch(columns, hashes.reshape(-1, 2), links)
 
     @staticmethod
     def concat(batches: Sequence[HashedBatch]) -> HashedBatch:
         return HashedBatch(
             np.concatenate([b.requests for b in batches]),
             np.concatenate([b.block_hashes for b in batches]),
+            np.concatenate([b.links for b in batches]),
         )
 
     def select(self, keep: np.ndarray) -> HashedBatch:
         """The requests where the boolean mask `keep` holds, with their blocks."""
         block_mask = np.repeat(keep, self.blocks_per_request())
-        return HashedBatch(self.requests[keep], self.block_hashes[block_mask])
+        links = self.links[np.repeat(keep, self.requests["num_links"])]
+        return HashedBatch(self.requests[keep], self.block_hashes[block_mask], links)
 
     def earliest_ms(self) -> int | None:
         """The earliest request's timestamp; None for an empty batch."""

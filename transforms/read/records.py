@@ -30,6 +30,7 @@ from kvtrace.transforms.read.json_tree import (
     containers_over,
     orjson_reading,
 )
+from kvtrace.transforms.read.links import continued, names
 from kvtrace.transforms.read.response_end import response_ms
 from kvtrace.transforms.read.shapes import check_record, declared_fields
 from kvtrace.transforms.read.timestamps import timestamp_ms
@@ -75,6 +76,9 @@ class ParseOptions:
     drop_non_text_parts: bool = False
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     capture: str | None = None  # the engine capture format the input is (read/captures.py)
+    # Read the links between requests (read/links.py; anonymize --emit-parents): off, a
+    # streamed response's chunks are not walked for them.
+    links: bool = False
 
     @property
     def withholds_letters(self) -> bool:
@@ -109,6 +113,9 @@ class Request:
     cached_tokens: int | None = None
     defaulted: tuple[str, ...] = ()  # fields the record lacked and got a default for
     capture: Capture | None = None  # an engine's block hashes (kind "capture", read/captures.py)
+    # read/links.py: the links naming this request, and the one it continues (never published)
+    links: tuple[str, ...] = ()
+    continues: str | None = None
 
     def letter(self, reason: str, message: str) -> DeadLetter:
         """The dead letter of this request, refused after it parsed, withheld as its parse would
@@ -325,6 +332,8 @@ def _request(
         response_ms=response_ms(record, body, response, ts, options.timestamp_unit),
         cached_tokens=_cached_tokens(declared_fields(record, envelope), response),
         defaulted=("output_length",) if output_text is None and output_length is None else (),
+        links=names(response) if options.links else (),
+        continues=continued(body, fields.get("messages")) if options.links else None,
         **fields,
     )
 

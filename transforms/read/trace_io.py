@@ -47,9 +47,11 @@ from kvtrace.transforms.trace_format import (
     MAX_OUTPUT_LENGTH,
     MAX_RESPONSE_MS,
     MAX_TRACE_LINE_BYTES,
+    NO_PARENT,
     NO_RESPONSE_MS,
     OUTPUT_IDS_FIELD,
     OUTPUT_LENGTH_FIELD,
+    PARENT_FIELD,
     RESPONSE_FIELD,
     ROW_FIELDS,
     SESSION_FIELD,
@@ -71,14 +73,17 @@ HIGHEST = {
     OUTPUT_LENGTH_FIELD: MAX_OUTPUT_LENGTH,
     RESPONSE_FIELD: MAX_RESPONSE_MS,
     HASH_IDS_FIELD: MAX_READ_INT,
+    PARENT_FIELD: MAX_READ_INT,  # a row number; whether it precedes its row: Trace.parents
 }
+# Fields a row may leave null, read as absent.
+NULLABLE = (RESPONSE_FIELD, PARENT_FIELD)
 # A line is read up to MAX_TRACE_LINE_BYTES (trace_format: the longest row kvtrace writes); a
 # longer one is malformed, skipped without being held.
 MAX_REPORTED_LINES = 1000  # malformed lines listed in the report; the count is always exact
 # kvtrace publishes conversations as `session` (trace_format.SESSION_FIELD); other traces use
 # session_id.
 SESSION_FIELDS = (SESSION_FIELD, "session_id")
-READ_FIELDS = (*ROW_FIELDS, RESPONSE_FIELD, *SESSION_FIELDS)
+READ_FIELDS = (*ROW_FIELDS, RESPONSE_FIELD, PARENT_FIELD, *SESSION_FIELDS)
 # A row's JSON containers, as kvtrace writes it: its object and its lists of ids (every other
 # field a number or a name). A line of more is malformed, found before it is parsed
 # (json_tree.containers_over): parsed, 16 MiB of `[],` is ~350 MB of Python lists.
@@ -103,9 +108,26 @@ class Trace:
     malformed_count: int = 0
     # int64: ms from arrival to the response's end (NO_RESPONSE_MS where unsaid), or None: none
     response_ms: np.ndarray | None = None
+    # int64: the row number (in this order) of the row's parent (NO_PARENT where none), or None
+    parent: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.input_length)
+
+    def parents(self) -> np.ndarray:
+        """Each row's parent row, NO_PARENT where none; ValueError (one line) when a parent does
+        not precede its row, as kvtrace writes it (a foreign trace's, or rows read out of their
+        folder's order)."""
+        if self.parent is None:
+            return np.full(len(self), NO_PARENT, dtype=np.int64)
+        linked = np.flatnonzero(self.parent != NO_PARENT)
+        wrong = linked[self.parent[linked] >= linked]
+        if len(wrong):
+            raise ValueError(
+                f"row {int(wrong[0])}'s {PARENT_FIELD} {int(self.parent[wrong[0]])} does not "
+                f"precede it: not a row of this trace before it"
+            )
+        return self.parent
 
     def response_ends(self) -> np.ndarray:
         if self.response_ms is None:
@@ -155,6 +177,7 @@ def read_trace(files: Sequence[str]) -> Trace:
         if has_sessions
         else None,
         response_ms=_cat(parts, RESPONSE_FIELD, np.int64),
+        parent=_cat(parts, PARENT_FIELD, np.int64),
         line=_cat(parts, "line", np.int64),
         file_index=_cat(parts, "file_index", np.int32),
         files=list(files),
@@ -503,6 +526,7 @@ def _read_schema(session: pa.DataType) -> pa.Schema:
             (OUTPUT_LENGTH_FIELD, pa.int64()),
             (HASH_IDS_FIELD, pa.list_(pa.int64())),
             (RESPONSE_FIELD, pa.int64()),
+            (PARENT_FIELD, pa.int64()),
             *((name, session) for name in SESSION_FIELDS),
         ]
     )
@@ -551,7 +575,7 @@ def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
     if INPUT_LENGTH_FIELD not in names:
         return False
     for name in HIGHEST:  # a null time or length is read row by row; a null response is none
-        if name in names and not _column_fits(name, table[name], nulls=name == RESPONSE_FIELD):
+        if name in names and not _column_fits(name, table[name], nulls=name in NULLABLE):
             return False
     for name in SESSION_FIELDS:  # sessions are names or numbers; anything else, line by line
         if name in names and not (
@@ -629,6 +653,7 @@ def _columns_from_table(
         "ids": values,
         SESSION_FIELD: session,
         RESPONSE_FIELD: column(RESPONSE_FIELD, NO_RESPONSE_MS),
+        PARENT_FIELD: column(PARENT_FIELD, NO_PARENT),
         "line": lines,
         "malformed": malformed,
     }
@@ -697,6 +722,7 @@ def _columns_from_rows(
             else None
         ),
         RESPONSE_FIELD: [r.get(RESPONSE_FIELD, NO_RESPONSE_MS) for _, r in rows],
+        PARENT_FIELD: [r.get(PARENT_FIELD, NO_PARENT) for _, r in rows],
         "line": [n for n, _ in rows],
         "malformed": malformed,
     }
@@ -722,8 +748,9 @@ def _row(raw: bytes | dict) -> dict:
         raise ValueError("not a JSON object")
     if row.get(TIMESTAMP_FIELD) is None:
         row[TIMESTAMP_FIELD] = 0
-    if row.get(RESPONSE_FIELD) is None:
-        row.pop(RESPONSE_FIELD, None)
+    for name in NULLABLE:
+        if row.get(name) is None:
+            row.pop(name, None)
     if row.get(HASH_IDS_FIELD) is None:
         row[HASH_IDS_FIELD] = []
     if INPUT_LENGTH_FIELD not in row:

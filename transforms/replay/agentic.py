@@ -1,15 +1,21 @@
 """A trace's structure in the forms agent replayers and cache simulators read (pure, no I/O).
 
-A trace publishes conversations (`session`) and, where the logs said it, each response's end
-(`response_ms`); from these, each follow-up turn's previous turn and the wait after that
-previous response ended (forms.turns). Those are the edges written here:
+A trace publishes conversations (`session`), where the logs said it each response's end
+(`response_ms`) and, run with --emit-parents, the row each request continues (`parent_row`);
+from these, each row's predecessor (its parent, else its conversation's previous turn) and the
+wait after that predecessor's response ended (forms.linked_turns). Rows joined by those edges
+are one play: a conversation and the conversations its requests spawned. Those are the edges
+written here:
 
 - agentic Mooncake (Dynamo 1.6.1, `agentic_mooncake`): a header, then one row per request with
-  `not_before_ms` (its logged arrival) and, for a follow-up turn, one `sequence` dependency on
-  the previous turn's completion with the wait as `delay_ms`;
-- WEKA (aiperf 0.13 `weka_trace`, Dynamo 1.6.1 `weka`): one object per conversation, its
-  requests in order, times in seconds, `api_time` where the response's end is known and a
-  follow-up's `think_time` then;
+  `play_id` (its play), `session_id` (its conversation), `not_before_ms` (its logged arrival)
+  and, for a row with a predecessor, one dependency on its completion with the wait as
+  `delay_ms`: `sequence` within a conversation, `spawn` into another (a subagent); two rows
+  continuing one request are two branches from it;
+- WEKA (aiperf 0.13 `weka_trace`, guidellm 0.8.1, Dynamo 1.6.1 `weka`): one object per play, its
+  conversation's requests in order, times in seconds, `api_time` where the response's end is
+  known and a follow-up's `think_time` then; each conversation it spawned a `subagent` entry
+  in its place in time, holding that conversation's requests (on the play's clock);
 - libCacheSim's oracleGeneral (libcachesim 0.3.5): every block a request is made of, in arrival
   order, as fixed 24-byte records with each block's next use.
 
@@ -44,27 +50,44 @@ NEVER_AGAIN = -1
 OBJECT_FIELD_MAX = 2**32 - 1  # a record's time (s) and size (bytes) are unsigned 32-bit
 
 
-def conversation_names(trace: Trace, order: np.ndarray) -> list[str]:
-    """Each row's conversation: `s` and its session, or `r` and its place in time for a row of
-    none (a conversation of its own)."""
+def conversation_names(trace: Trace, chain: Turns, order: np.ndarray) -> list[str]:
+    """Each row's conversation: `s` and its session; for a row of none, its predecessor's (a
+    Responses chain: each request continues the previous response), else `r` and its place in
+    time (a conversation of its own). Rows in time order, predecessors first."""
     names = [""] * len(trace)
     for rank, row in enumerate(order.tolist()):
         session = None if trace.session is None else trace.session[row]
-        names[row] = f"r{rank}" if session is None else f"s{session}"
+        before = int(chain.previous[row])
+        if session is not None:
+            names[row] = f"s{session}"
+        else:
+            names[row] = f"r{rank}" if before == NO_TURN else names[before]
     return names
+
+
+def play_names(names: list[str], chain: Turns, order: np.ndarray) -> list[str]:
+    """Each row's play: its predecessor's, else its own conversation's (rows in time order, so
+    a predecessor's play is known before its followers')."""
+    plays = list(names)
+    for row in order.tolist():
+        before = int(chain.previous[row])
+        if before != NO_TURN:
+            plays[row] = plays[before]
+    return plays
 
 
 def agentic_mooncake(trace: Trace, chain: Turns, block_size: int, model: str) -> bytes:
     order = np.argsort(trace.timestamp, kind="stable")
     request_id = np.empty(len(trace), dtype=np.int64)
     request_id[order] = np.arange(len(trace))
-    plays = conversation_names(trace, order)
+    names = conversation_names(trace, chain, order)
+    plays = play_names(names, chain, order)
     lines = []
     for row in order.tolist():
         record = {
             "request_id": f"r{request_id[row]}",
             "play_id": plays[row],
-            "session_id": plays[row],
+            "session_id": names[row],
             "model": model,
             INPUT_LENGTH_FIELD: int(trace.input_length[row]),
             OUTPUT_LENGTH_FIELD: int(trace.output_length[row]),
@@ -78,7 +101,7 @@ def agentic_mooncake(trace: Trace, chain: Turns, block_size: int, model: str) ->
                     "request_id": f"r{request_id[before]}",
                     "trigger": "completion",
                     "delay_ms": int(chain.delay_ms[row]),
-                    "relation": "sequence",
+                    "relation": "sequence" if names[before] == names[row] else "spawn",
                 }
             ]
         lines.append(json.dumps(record) + "\n")
@@ -95,33 +118,50 @@ def agentic_mooncake(trace: Trace, chain: Turns, block_size: int, model: str) ->
 
 
 def weka(trace: Trace, chain: Turns, block_size: int, model: str) -> bytes:
-    """One line per conversation, in order of its first request; times in seconds from the
-    trace's start (readers that count from each conversation's start subtract its first). Each
-    line is written as its conversation is met whole, so only the text is held."""
+    """One line per play, in order of its first request; times in seconds from the trace's
+    start (readers that count from each conversation's start subtract its first). Within a play,
+    its own conversation's requests and, where each other conversation of the play starts, a
+    subagent entry holding that one's."""
     order = np.argsort(trace.timestamp, kind="stable")
-    names = conversation_names(trace, order)
-    rows: dict[str, list[int]] = {}
+    names = conversation_names(trace, chain, order)
+    plays = play_names(names, chain, order)
+    rows: dict[str, dict[str, list[int]]] = {}
     for row in order.tolist():
-        rows.setdefault(names[row], []).append(row)
+        rows.setdefault(plays[row], {}).setdefault(names[row], []).append(row)
     response = trace.response_ends()
+
+    def weka_request(row: int) -> dict:
+        request = {
+            "t": float(trace.timestamp[row]) / 1000,
+            "type": "n",
+            "model": model,
+            "in": int(trace.input_length[row]),
+            "out": int(trace.output_length[row]),
+            HASH_IDS_FIELD: trace.ids[trace.offsets[row] : trace.offsets[row + 1]].tolist(),
+        }
+        if response[row] != NO_RESPONSE_MS:
+            request["api_time"] = int(response[row]) / 1000
+        before = int(chain.previous[row])
+        if before != NO_TURN and response[before] != NO_RESPONSE_MS:
+            request["think_time"] = int(chain.delay_ms[row]) / 1000
+        return request
+
     lines = []
-    for name, turns in rows.items():
-        requests = []
-        for row in turns:
-            request = {
-                "t": float(trace.timestamp[row]) / 1000,
-                "type": "n",
-                "model": model,
-                "in": int(trace.input_length[row]),
-                "out": int(trace.output_length[row]),
-                HASH_IDS_FIELD: trace.ids[trace.offsets[row] : trace.offsets[row + 1]].tolist(),
+    for name, conversations in rows.items():
+        requests = [weka_request(row) for row in conversations.pop(name)]
+        for agent, turns in conversations.items():  # in order of their first requests
+            inner = [weka_request(row) for row in turns]
+            entry = {
+                "t": inner[0]["t"],
+                "type": "subagent",
+                "agent_id": agent,
+                "subagent_type": "agent",
+                "status": "completed",
+                "models": [model],
+                "requests": inner,
             }
-            if response[row] != NO_RESPONSE_MS:
-                request["api_time"] = int(response[row]) / 1000
-            before = int(chain.previous[row])
-            if before != NO_TURN and response[before] != NO_RESPONSE_MS:
-                request["think_time"] = int(chain.delay_ms[row]) / 1000
-            requests.append(request)
+            at = next((i for i, r in enumerate(requests) if r["t"] > entry["t"]), len(requests))
+            requests.insert(at, entry)
         conversation = {
             "id": name,
             "models": [model],

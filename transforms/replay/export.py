@@ -10,7 +10,15 @@ import numpy as np
 
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.replay.agentic import agentic_mooncake, oracle_general, weka
-from kvtrace.transforms.replay.forms import NO_TURN, Turns, deltas, json_number, recut_blocks, turns
+from kvtrace.transforms.replay.forms import (
+    NO_TURN,
+    Turns,
+    deltas,
+    json_number,
+    linked_turns,
+    recut_blocks,
+    turns,
+)
 from kvtrace.transforms.trace_format import (
     HASH_IDS_FIELD,
     INPUT_LENGTH_FIELD,
@@ -88,11 +96,11 @@ def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
 
 
 def _structure(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
-    """The agent forms (each follow-up turn an edge to the previous one) and libCacheSim's
-    (blocks, no turns)."""
+    """The agent forms (each row an edge to its parent, else to its conversation's previous
+    turn) and libCacheSim's (blocks, no turns)."""
     if consumer.form == BLOCK_REQUESTS:
         return Exported(oracle_general(trace, block_size), len(trace), 0, 0, 0)
-    chain = turns(trace)
+    chain = linked_turns(trace)
     form = agentic_mooncake if consumer.form == AGENTIC else weka
     follow = chain.previous[chain.previous != NO_TURN]
     unknown = int(np.count_nonzero(trace.response_ends()[follow] == NO_RESPONSE_MS))

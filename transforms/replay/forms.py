@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtrace.transforms.read.trace_io import Trace
-from kvtrace.transforms.trace_format import NO_RESPONSE_MS
+from kvtrace.transforms.trace_format import NO_PARENT, NO_RESPONSE_MS
 
 NO_TURN = -1
 
@@ -41,13 +41,34 @@ def turns(trace: Trace) -> Turns:
     by_turn = np.lexsort((rows, trace.timestamp[rows], conversation))
     order, grouped = rows[by_turn], conversation[by_turn]
     follows = np.flatnonzero(grouped[1:] == grouped[:-1]) + 1
-    previous[order[follows]] = order[follows - 1]
     later, earlier = order[follows], order[follows - 1]
+    previous[later] = earlier
+    delay[later] = _waits(trace, later, earlier)
+    return Turns(previous, delay)
+
+
+def linked_turns(trace: Trace) -> Turns:
+    """turns, where a row's parent_row (the request it continues, anonymize --emit-parents)
+    stands for its conversation's previous row: two rows continuing one request are two
+    branches from it, and a row continuing a request of another conversation (a subagent's
+    first, or a tool result's) waits on that request."""
+    chain = turns(trace)
+    parent = trace.parents()
+    later = np.flatnonzero(parent != NO_PARENT)
+    if not len(later):
+        return chain
+    previous, delay = chain.previous.copy(), chain.delay_ms.copy()
+    previous[later] = parent[later]
+    delay[later] = _waits(trace, later, parent[later])
+    return Turns(previous, delay)
+
+
+def _waits(trace: Trace, later: np.ndarray, earlier: np.ndarray) -> np.ndarray:
+    """The ms each later row waited after its earlier row's response ended; where the logs did
+    not give that end, the gap between the two arrivals."""
     gap = np.rint(trace.timestamp[later] - trace.timestamp[earlier]).astype(np.int64)
     response = trace.response_ends()[earlier]
-    known = response != NO_RESPONSE_MS
-    delay[later] = np.where(known, np.maximum(gap - response, 0), gap)
-    return Turns(previous, delay)
+    return np.where(response != NO_RESPONSE_MS, np.maximum(gap - response, 0), gap)
 
 
 @dataclass(frozen=True)

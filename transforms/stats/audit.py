@@ -60,10 +60,12 @@ from kvtrace.transforms.trace_format import (
     MODEL_NAME,
     NIGHT,
     NIGHT_ORIGIN,
+    NO_PARENT,
     NO_RESPONSE_MS,
     NO_SESSION,
     OUTPUT_IDS_FIELD,
     OUTPUT_LENGTH_FIELD,
+    PARENT_FIELD,
     RESPONSE_FIELD,
     ROW_FIELDS,
     RUN_SETTINGS,
@@ -1408,6 +1410,7 @@ class _Rows:
         n = len(columns)
         if n and self.first_timestamp is None:
             self.first_timestamp = int(columns.timestamp[0])
+        self._check_parents(columns)
         self.count += n
         self.parts["times"].append(columns.timestamp)
         self.parts["sequence"].append(_sequence_digests(columns.ids, columns.num_ids))
@@ -1440,6 +1443,16 @@ class _Rows:
             if self.block_size:
                 self.output_links.append(self._output_links(columns))
 
+    def _check_parents(self, columns: TraceColumns) -> None:
+        """Each parent is a row before its own, in the rows' order across shards (so, the rows
+        being in time order, never later in time): write/parents.py writes no other."""
+        if columns.parent is None:
+            return
+        rows = self.count + np.arange(len(columns))
+        linked = columns.parent != NO_PARENT
+        if (columns.parent[linked] >= rows[linked]).any():
+            self.problems.append(f"{PARENT_FIELD} rows that do not precede their own")
+
     def _count_fields(self, columns: TraceColumns) -> None:
         n = len(columns)
         present = {
@@ -1447,6 +1460,9 @@ class _Rows:
             SESSION_FIELD: int(np.count_nonzero(columns.session >= 0)),
             RESPONSE_FIELD: int(np.count_nonzero(columns.response_ms >= 0)),
             OUTPUT_IDS_FIELD: n if columns.output_ids is not None else 0,
+            PARENT_FIELD: 0
+            if columns.parent is None
+            else int(np.count_nonzero(columns.parent != NO_PARENT)),
         }
         self.fields.update({k: v for k, v in present.items() if v})
         for key, values in (
@@ -1457,6 +1473,7 @@ class _Rows:
             (SESSION_FIELD, columns.session),
             (RESPONSE_FIELD, columns.response_ms),
             (OUTPUT_IDS_FIELD, columns.output_ids),
+            (PARENT_FIELD, columns.parent),
         ):
             # Values are held to [0, 2^40) (trace_format.check_values) but for an absent
             # session or response time (-1): a field no row holds has no largest value.

@@ -103,4 +103,4 @@ def published_requests(batch: HashedBatch, origin_ms: int, coarsening: Coarsenin
         requests["input_length"], coarsening.block_size, coarsening.output_length
     )
     requests["response_ms"] = coarse_response_ms(requests["response_ms"], coarsening)
-    return HashedBatch(requests, batch.block_hashes)
+    return HashedBatch(requests, batch.block_hashes, batch.links)

@@ -26,6 +26,12 @@ ROW = np.dtype(
         ("num_output_ids", "<i8"),  # with --emit-output-hashes, else 0
         ("response_ms", "<i8"),  # NO_RESPONSE_MS when the log did not say
         ("cached_tokens", "<i8"),  # the engine's count (NOT_MEASURED if none): never published
+        ("links_digest", "<u8"),  # orders rows alike but for their links; never written
+        # With --emit-parents (write/parents.py): the parent row + 1, so that 0 (a row built
+        # zeroed) is none; published as parent - 1 (NO_PARENT for none).
+        ("parent", "<i8"),
+        ("parent_key", "<u8"),  # the link the row continues (encode/hashed_batch.NO_LINK: none)
+        ("num_links", "<i8"),  # the links naming it, in RowBatch.links
     ]
 )
 
@@ -38,6 +44,8 @@ class RowBatch:
     hashes: np.ndarray | None = None
     # int64: each row's output block ids, concatenated, only with --emit-output-hashes
     output_ids: np.ndarray | None = None
+    # uint64: the link keys naming each row, concatenated, only with --emit-parents (private)
+    links: np.ndarray | None = None
 
     @staticmethod
     def concat(batches: Sequence[RowBatch]) -> RowBatch:
@@ -53,6 +61,7 @@ class RowBatch:
             joined("ids"),
             joined("hashes"),
             joined("output_ids"),
+            joined("links"),
         )
 
     def select(self, order: np.ndarray) -> RowBatch:
@@ -63,11 +72,13 @@ class RowBatch:
             if self.output_ids is None
             else self.output_ids[_picked(self.rows["num_output_ids"], order)]
         )
+        links = None if self.links is None else self.links[_picked(self.rows["num_links"], order)]
         return RowBatch(
             self.rows[order],
             self.ids[blocks],
             None if self.hashes is None else self.hashes[blocks],
             outputs,
+            links,
         )
 
     def sorted(self) -> RowBatch:
@@ -76,19 +87,23 @@ class RowBatch:
         first three (dense_ids.number); the fingerprint covers all a row's ids are made of, its
         hashed answer included, so the rest only orders rows of the same ids. The rows must hold
         published timestamps and output lengths (coarsen.published_requests)."""
+        return self.select(self.order())
+
+    def order(self) -> np.ndarray:
+        """The rows' positions in published order (sorted)."""
         r = self.rows
-        return self.select(
-            published_order(
-                r["timestamp_ms"],
-                r["input_length"],
-                r["output_length"],
-                r["fingerprint"],
-                r["session_id"],
-                r["response_ms"],
-                r["ids_digest"],
-                # Last: rows alike in all they publish keep one order for their private counts.
-                r["cached_tokens"],
-            )
+        return published_order(
+            r["timestamp_ms"],
+            r["input_length"],
+            r["output_length"],
+            r["fingerprint"],
+            r["session_id"],
+            r["response_ms"],
+            r["ids_digest"],
+            # Last: rows alike in all they publish keep one order for their private counts,
+            # and for their links (a child's parent is a row number).
+            r["cached_tokens"],
+            r["links_digest"],
         )
 
     def row_ids(self) -> list[np.ndarray]:
@@ -120,10 +135,12 @@ def row_batch(
     session_ids: np.ndarray,
     hashes: np.ndarray | None = None,
     with_outputs: bool = False,
+    links: np.ndarray | None = None,
 ) -> RowBatch:
     """Rows for a batch's REQUEST columns, given its ids in request order (each request's
     prompt blocks, then its output blocks) and one session number per request that has a
-    session (and, to emit them, each block's engine hash)."""
+    session (and, to emit them, each block's engine hash; to number parents, the requests'
+    link keys)."""
     rows = np.empty(len(requests), dtype=ROW)
     for name in (
         "timestamp_ms",
@@ -132,8 +149,12 @@ def row_batch(
         "output_length",
         "response_ms",
         "cached_tokens",
+        "links_digest",
+        "parent_key",
+        "num_links",
     ):
         rows[name] = requests[name]
+    rows["parent"] = 0  # none
     rows["num_ids"] = requests["num_blocks"]
     rows["num_output_ids"] = requests["num_output_blocks"]
     rows["session_id"] = NO_SESSION
@@ -148,6 +169,7 @@ def row_batch(
         block_ids[is_prompt],
         None if hashes is None else hashes[is_prompt],
         block_ids[~is_prompt] if with_outputs else None,
+        links,
     )
     # Everything a row publishes is in the sort key, its output ids too: two requests alike but
     # for their responses must not come out in input order.
@@ -168,15 +190,17 @@ def assemble_rows(
     """One batch's requests joined with their block ids and session numbers, split by the output
     shard each row belongs to."""
     _, groups = element
-    # One batch per id (a list keeps the join symmetric): its REQUEST columns, and its blocks'
-    # engine hashes or None.
-    for requests, hashes in groups["requests"]:
+    # One batch per id (a list keeps the join symmetric): its REQUEST columns, its blocks'
+    # engine hashes or None, and its requests' link keys or None.
+    for requests, hashes, links in groups["requests"]:
         block_ids = ids_in_request_order(
             groups["blocks"], requests["num_blocks"] + requests["num_output_blocks"]
         )
         session_ids = ids_in_request_order(groups["sessions"], requests["has_session"].astype(int))
         yield from rows_by_shard(
-            row_batch(requests, block_ids, session_ids, hashes, with_outputs), plan, origin_ms
+            row_batch(requests, block_ids, session_ids, hashes, with_outputs, links),
+            plan,
+            origin_ms,
         )
 
 

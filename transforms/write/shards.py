@@ -124,6 +124,7 @@ def published_columns(batch: RowBatch, origin_ms: int) -> TraceColumns:
         rows["response_ms"],
         None if batch.output_ids is None else rows["num_output_ids"],
         batch.output_ids,
+        rows["parent"] - 1,  # ROW holds parent + 1
     )
 
 

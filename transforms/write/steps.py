@@ -8,6 +8,7 @@ import apache_beam as beam
 import numpy as np
 
 from kvtrace.transforms.write.coarsen import Coarsening
+from kvtrace.transforms.write.parents import link_occurrences, resolve_key, set_parents
 from kvtrace.transforms.write.rows import RowBatch, shard_count
 from kvtrace.transforms.write.shards import write_shard
 
@@ -47,3 +48,41 @@ class WriteShard(beam.DoFn):
             self._hashes_directory,
             self._measured_directory,
         )
+
+
+class NumberParents(beam.PTransform):
+    """write/parents.py on workers: (shard, rows) in, each shard's rows sorted whole with their
+    parents set out. A shard's rows are ranked from the shards' row counts (a side input of one
+    number per shard); each link goes to its key, where its children are resolved (never all
+    links in one worker), and the parents go back to their shards."""
+
+    def expand(self, rows: beam.PCollection) -> beam.PCollection:
+        shards = (
+            rows
+            | "GroupRowsByShard" >> beam.GroupByKey()
+            | "SortShard"
+            >> beam.MapTuple(lambda s, parts: (s, RowBatch.concat(list(parts)).sorted()))
+        )
+        counts = beam.pvalue.AsDict(
+            shards | "ShardRows" >> beam.MapTuple(lambda s, b: (s, len(b.rows)))
+        )
+        parents = (
+            shards
+            | "LinkOccurrences"
+            >> beam.FlatMap(lambda shard, counts: link_occurrences(*shard, counts), counts)
+            | "GroupByLink" >> beam.GroupByKey()
+            | "ResolveLinks" >> beam.FlatMapTuple(resolve_key)
+        )
+        return (
+            {"rows": shards, "parents": parents}
+            | "JoinParents" >> beam.CoGroupByKey()
+            | "SetParents"
+            >> beam.MapTuple(
+                lambda s, joined: (s, set_parents(_one(joined["rows"]), joined["parents"]))
+            )
+        )
+
+
+def _one(batches: Iterable[RowBatch]) -> RowBatch:
+    (batch,) = batches  # one sorted batch per shard
+    return batch

@@ -11,6 +11,7 @@ import json
 import struct
 
 import numpy as np
+import pytest
 
 from kvtrace.transforms.read.trace_io import read_trace
 from kvtrace.transforms.replay.agentic import AGENTIC_SCHEMA, NEVER_AGAIN, ORACLE_GENERAL, next_uses
@@ -105,3 +106,55 @@ def test_oracle_general_counts_seconds_from_the_first_request_whatever_the_clock
     data = export(trace_of(tmp_path, rows), CONSUMERS["libcachesim"], 4).data
     assert np.frombuffer(data, dtype=ORACLE_GENERAL)["time"].tolist() == [0] * 4 + [1] * 4 + [5] * 2
     assert export(trace_of(tmp_path, []), CONSUMERS["libcachesim"], 4).data.nbytes == 0
+
+
+# parent_row (anonymize --emit-parents): row 1 (no session) continues row 0, and so does row 2
+# (a branch); session 3 starts at row 3, spawned by row 1; row 4 is its next turn
+LINKED = [
+    {"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [0], "response_ms": 100},
+    {"timestamp": 300, "input_length": 4, "output_length": 1, "hash_ids": [1], "parent_row": 0},
+    {"timestamp": 400, "input_length": 4, "output_length": 1, "hash_ids": [2], "parent_row": 0},
+    {"timestamp": 900, "input_length": 4, "output_length": 1, "hash_ids": [3], "session": 3},
+    {"timestamp": 950, "input_length": 8, "output_length": 1, "hash_ids": [3, 4], "session": 3},
+]
+LINKED[3]["parent_row"] = 1
+
+
+def test_agentic_rows_depend_on_their_parents_branches_and_subagents_included(tmp_path):
+    exported = export(trace_of(tmp_path, LINKED), CONSUMERS["dynamo-agentic"], 4)
+    _, *rows = lines(exported.data)
+    assert [r["play_id"] for r in rows] == ["r0"] * 5  # one play: the agent and its subagent
+    assert [r["session_id"] for r in rows] == ["r0", "r0", "r0", "s3", "s3"]
+    edges = [
+        [(d["request_id"], d["relation"], d["delay_ms"]) for d in r.get("dependencies", [])]
+        for r in rows
+    ]
+    # two branches from r0 (each the gap after its logged end), a spawn, a sequence
+    assert edges == [
+        [],
+        [("r0", "sequence", 200)],
+        [("r0", "sequence", 300)],
+        [("r1", "spawn", 600)],
+        [("r3", "sequence", 50)],
+    ]
+    assert exported.follow_up_turns == 4
+
+
+def test_weka_writes_a_spawned_conversation_as_a_subagent_entry_in_its_place(tmp_path):
+    (play,) = lines(export(trace_of(tmp_path, LINKED), CONSUMERS["weka"], 4).data)
+    assert play["id"] == "r0"
+    assert [(r["type"], r["t"]) for r in play["requests"]] == [
+        ("n", 0.0),
+        ("n", 0.3),
+        ("n", 0.4),
+        ("subagent", 0.9),
+    ]
+    entry = play["requests"][-1]
+    assert (entry["agent_id"], entry["status"]) == ("s3", "completed")
+    assert [(r["t"], r["hash_ids"]) for r in entry["requests"]] == [(0.9, [3]), (0.95, [3, 4])]
+
+
+def test_a_parent_row_that_does_not_precede_its_row_is_refused_in_one_line(tmp_path):
+    rows = [dict(LINKED[0], parent_row=0)]
+    with pytest.raises(ValueError, match="^row 0's parent_row 0 does not precede it"):
+        export(trace_of(tmp_path, rows), CONSUMERS["dynamo-agentic"], 4)

@@ -74,3 +74,35 @@ def test_largest_integers_name_only_fields_some_row_holds():
     assert seen.largest == {"timestamp": 2, "input_length": 4, "output_length": 2, "hash_ids": 2}
     seen.add(rows([NO_RESPONSE_MS, 7]), None)
     assert seen.largest["response_ms"] == 7 and "session" not in seen.largest
+
+
+def test_a_parent_row_must_precede_its_own_across_shards():
+    """write/parents.py writes only earlier rows' numbers, counted across the shards in order:
+    a parent_row naming its own row, a later one, or one past the earlier shards is flagged."""
+    import numpy as np
+
+    from kvtrace.transforms.stats.audit import _Rows
+    from kvtrace.transforms.trace_format import NO_PARENT, NO_RESPONSE_MS, NO_SESSION, TraceColumns
+
+    def rows(parents: list[int], start: int = 0) -> TraceColumns:
+        n = len(parents)
+        return TraceColumns(
+            start + np.arange(n),
+            np.full(n, 4),
+            np.full(n, 2),
+            np.full(n, 1),
+            np.arange(n),
+            np.full(n, NO_SESSION),
+            np.full(n, NO_RESPONSE_MS),
+            parent=np.array(parents),
+        )
+
+    seen = _Rows()
+    seen.add(rows([NO_PARENT, 0, 0]), None)
+    seen.add(rows([2, 1, 3], 3), None)  # rows 3, 4, 5: each names an earlier one
+    assert not seen.problems and seen.largest["parent_row"] == 3
+    for wrong in ([3, 1], [NO_PARENT, 4], [5, NO_PARENT]):  # itself; itself; a later row
+        seen = _Rows()
+        seen.add(rows([NO_PARENT, 0, 0]), None)
+        seen.add(rows(wrong, 3), None)
+        assert seen.problems == ["parent_row rows that do not precede their own"], wrong

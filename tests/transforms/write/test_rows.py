@@ -29,7 +29,7 @@ ROWS = st.lists(
 def batch_of(rows: list, hashes: bool = True) -> RowBatch:
     table = np.zeros(len(rows), dtype=ROW)
     for i, (ts, isl, osl, session, ids, outputs) in enumerate(rows):
-        table[i] = (ts, i, isl, osl, session, 0, len(ids), len(outputs), -1, -1)
+        table[i] = (ts, i, isl, osl, session, 0, len(ids), len(outputs), -1, -1, 0, 0, 0, 0)
     ids = np.array([i for row in rows for i in row[4]], dtype=np.int64)
     outputs = np.array([o for row in rows for o in row[5]], dtype=np.int64)
     return RowBatch(table, ids, ids.astype(np.uint64) * 3 if hashes else None, outputs)

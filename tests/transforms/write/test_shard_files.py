@@ -55,6 +55,10 @@ def batch_of(rows: list, with_outputs: bool) -> RowBatch:
             len(outputs) if with_outputs else 0,
             response,
             -1,  # no measured cached tokens
+            0,  # no links
+            i // 2 + 1 if i % 2 else 0,  # a parent (ROW: + 1) rides along as written
+            0,  # continues nothing
+            0,  # named by nothing
         )
     ids = np.array([i for row in rows for i in row[5]], dtype=np.int64)
     outputs = np.array([o for row in rows for o in row[6]], dtype=np.int64)

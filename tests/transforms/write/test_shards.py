@@ -68,6 +68,10 @@ def batch_of(rows: list, with_outputs: bool = False) -> RowBatch:
             len(outputs[i]) if with_outputs else 0,
             response,
             -1,  # no measured cached tokens
+            0,  # no links
+            0,  # no parent
+            0,  # continues nothing
+            0,  # named by nothing
         )
     ids = np.array([i for *_, row_ids in rows for i in row_ids], dtype=np.int64)
     flat = np.array([i for out in outputs for i in out], dtype=np.int64)

@@ -1,0 +1,51 @@
+"""The keys links are joined by (encode/hashed_batch.py): keyed, scoped where ids recur, and
+carried by the batch with each request through select and concat."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvtrace.transforms.encode.hashed_batch import (
+    NO_LINK,
+    HashedBatch,
+    HashedRequest,
+    link_key,
+    links_digest,
+)
+
+SEED, OTHER_SEED = b"s" * 32, b"t" * 32
+
+
+def test_call_ids_join_within_a_session_response_ids_across():
+    call, response = "call:call_0", "response:resp_1"
+    assert link_key("a", call, SEED) != link_key("b", call, SEED)  # clients reuse call_0
+    assert link_key("a", response, SEED) == link_key(None, response, SEED)  # a forked session
+    assert link_key("a", call, SEED) != link_key("a", call, OTHER_SEED)  # keyed by the salt
+    assert NO_LINK not in {link_key(s, call, SEED) for s in map(str, range(200))}
+
+
+def test_the_tie_digest_does_not_depend_on_the_salt_and_is_none_without_links():
+    assert links_digest(None, ()) == 0
+    assert links_digest("response:r", ("call:c",)) != links_digest(None, ("response:r", "call:c"))
+
+
+def request(ts: int, parent: int, links: list[int]) -> HashedRequest:
+    return HashedRequest(
+        timestamp_ms=ts,
+        fingerprint=ts,
+        input_length=1,
+        output_length=1,
+        block_hashes=b"\0" * 16,
+        session_key=None,
+        parent_key=parent,
+        link_keys=np.array(links, "<u8").tobytes(),
+    )
+
+
+def test_each_requests_links_stay_with_it():
+    batch = HashedBatch.pack([request(0, NO_LINK, [5, 6]), request(1, 5, []), request(2, 6, [7])])
+    assert batch.requests["num_links"].tolist() == [2, 0, 1]
+    kept = batch.select(np.array([False, True, True]))
+    assert kept.requests["parent_key"].tolist() == [5, 6] and kept.links.tolist() == [7]
+    both = HashedBatch.concat([kept, batch])
+    assert both.links.tolist() == [7, 5, 6, 7]
