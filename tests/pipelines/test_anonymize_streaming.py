@@ -592,6 +592,8 @@ def test_one_watermark_advance_publishes_every_due_window(tmp_path, monkeypatch)
     assert published == ["window-000000", "window-000001", "window-000002"]
     # The open window keeps its timer; the published ones' are gone.
     assert list(deadline.set_at) == [str(3 * MINUTE)]
+
+
 @pytest.mark.beam
 @pytest.mark.slow  # a streaming pipeline: ~5 s
 def test_a_window_numbers_its_rows_parents_as_a_night_does(tiny_tokenizer, tmp_path, monkeypatch):
