@@ -133,6 +133,8 @@ class Night(NamedTuple):
     whole: HashedBatch  # kept requests, times published (coarsened from origin)
     counts: RecordCounts
     rejected: Tally
+    held: list[DeadLetter]  # letters in memory, merged with the staged ones when written
+    staged: StagedLetters
     earliest_ms: int | None
     origin: int
     days: dict[int, int]  # requests per day, before times are rounded
@@ -157,9 +159,10 @@ def finish_night(
 
 
 def night_requests(config: AnonymizeConfig, encoded: Encoded, origin_ms: int | None) -> Night:
-    """finish_night up to its numbering: the requests kept (timestamp kind), their dead letters
-    written, the gate passed, times published from the origin. A stream numbers the keys of
-    night.whole elsewhere (its id map in shard keys) and hands the ids to publish_night."""
+    """finish_night up to its numbering, writing nothing: the requests kept (timestamp kind),
+    the gate passed, times published from the origin. A stream numbers the keys of night.whole
+    elsewhere (its id map in shard keys) and hands the ids to publish_night, which writes
+    everything, letters first (a failed attempt of it is whole: a retry writes it again)."""
     whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
     kept, mismatched = keep_input_kind(
         whole,
@@ -172,7 +175,6 @@ def night_requests(config: AnonymizeConfig, encoded: Encoded, origin_ms: int | N
     # held in memory, and the requests of the input's minority timestamp kind.
     held = encoded.rejected + mismatched
     rejected = encoded.staged.tally + Tally.of(held)
-    write_dead_letters(config.dead_letter, held, encoded.staged)
 
     earliest_ms = whole.earliest_ms()
     if origin_ms is None:
@@ -180,7 +182,7 @@ def night_requests(config: AnonymizeConfig, encoded: Encoded, origin_ms: int | N
     counts = pass_gate(config, encoded.read, rejected, earliest_ms, origin_ms)
     origin = trace_origin_ms(origin_ms, earliest_ms)
     whole = published_requests(whole, origin, config.coarsening)
-    return Night(whole, counts, rejected, earliest_ms, origin, days)
+    return Night(whole, counts, rejected, held, encoded.staged, earliest_ms, origin, days)
 
 
 def publish_night(
@@ -191,6 +193,7 @@ def publish_night(
 ) -> dict:
     """finish_night from its ids on (numbered: each kind's ids of night.whole's keys): rows,
     shards, stats, manifest, the id map's version, then the trace published."""
+    write_dead_letters(config.dead_letter, night.held, night.staged)
     whole, origin, earliest_ms = night.whole, night.origin, night.earliest_ms
     rows = row_batch(
         whole.requests,

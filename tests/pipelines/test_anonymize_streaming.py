@@ -579,15 +579,31 @@ def test_one_watermark_advance_publishes_every_due_window(tmp_path, monkeypatch)
     watermark_us = (NOW + 10) * 1000
     firing = sorted((at, tag) for tag, at in deadline.set_at.items() if at <= watermark_us)
     for at, _ in firing:  # the timers set when the advance began, none set while they fire
-        list(
-            publisher.publish(
-                fired=Timestamp(micros=at),
-                blocks_map=FakeBag(),
-                sessions_map=FakeBag(),
-                letters_due=letters_due,
-                **state,
-            )
-        )
+        list(publisher.publish(fired=Timestamp(micros=at), letters_due=letters_due, **state))
     assert published == ["window-000000", "window-000001", "window-000002"]
     # The open window keeps its timer; the published ones' are gone.
     assert list(deadline.set_at) == [str(3 * MINUTE)]
+
+
+@pytest.mark.beam
+def test_the_writer_writes_plans_in_order_each_window_once_its_ids_are_back():
+    """Letters handed after a window wait for it; a window waits for every answer (every
+    shard's store and the numbering step, of each kind), then goes with exactly its own."""
+    from kvtrace.pipelines.anonymize_streaming import LettersPlan, Published, WindowPlan, writable
+
+    def window(index: int) -> WindowPlan:
+        return WindowPlan(index, f"window-{index:06d}", None, 0, {}, {})
+
+    published = Published(1, 0, 0)
+    queue = [(window(0), published), (LettersPlan("letters-000001", []), published)]
+    queue.append((window(1), published))
+    answers = {0: ["a"], 1: ["b", "c"]}
+    ready, left, waiting = writable(queue, answers, 2)
+    assert ready == [] and left == queue and waiting == answers
+    answers = {0: ["a", "d"], 1: ["b"]}
+    ready, left, waiting = writable(queue, answers, 2)
+    assert [(plan.name, got) for plan, _, got in ready] == [
+        ("window-000000", ["a", "d"]),
+        ("letters-000001", []),
+    ]
+    assert left == queue[2:] and waiting == {1: ["b"]}
