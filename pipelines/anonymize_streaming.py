@@ -87,7 +87,13 @@ from kvtrace.transforms.encode.timestamp_kinds import (
 )
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.ids.dense_ids import KindIds, UniqueTotals, sum_unique, unique_totals
-from kvtrace.transforms.ids.id_shards import InOrder, in_order, placed, window_parts
+from kvtrace.transforms.ids.id_shards import (
+    DEFAULT_ID_SHARDS,
+    InOrder,
+    in_order,
+    placed,
+    window_parts,
+)
 from kvtrace.transforms.ids.steps import QUERY, NumberNew, SeenShard, ShardStore
 from kvtrace.transforms.read.steps import parse_records
 from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
@@ -104,8 +110,6 @@ IDLE_MS = 10_000
 # Dead letters wait this long (processing time) for a window to go out with, then go alone.
 LETTER_DELAY_S = 10
 KINDS = ("blocks", "sessions")
-# The id map's keys (ids/steps.py: SeenShard, NumberNew, ShardStore): each holds 1/N of it.
-DEFAULT_ID_SHARDS = 4
 SEEN = "seen"  # the controller's tagged outputs to the shard steps
 PLAN, ADDED, ANSWER = "plan", "added", "answer"  # what the writer takes
 PUBSUB = re.compile(r"pubsub:(projects/[^/]+/subscriptions/[^/]+)")

@@ -39,6 +39,9 @@ from kvtrace.transforms.ids.dense_ids import (
 )
 
 HASH = np.dtype([("hi", "<u8"), ("lo", "<u8")])
+# A stream's shard keys unless --id-shards says: the cheapest count in one process
+# (benchmarks/bench_id_shards.py); a runner spreads more over more workers.
+DEFAULT_ID_SHARDS = 4
 
 
 class Shard(NamedTuple):
