@@ -87,13 +87,7 @@ from kvtrace.transforms.encode.timestamp_kinds import (
 )
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.ids.dense_ids import KindIds, UniqueTotals, sum_unique, unique_totals
-from kvtrace.transforms.ids.id_shards import (
-    DEFAULT_ID_SHARDS,
-    InOrder,
-    in_order,
-    placed,
-    window_parts,
-)
+from kvtrace.transforms.ids.id_shards import DEFAULT_ID_SHARDS, placed, window_parts
 from kvtrace.transforms.ids.steps import QUERY, NumberNew, SeenShard, ShardStore
 from kvtrace.transforms.read.steps import parse_records
 from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
@@ -626,22 +620,25 @@ class LettersPlan(NamedTuple):
     letters: list[DeadLetter]
 
 
-def writable(
-    queue: list[tuple[WindowPlan | LettersPlan, Published]], answers: dict[int, list], needed: int
-) -> tuple[list[tuple[WindowPlan | LettersPlan, Published, list]], list, dict[int, list]]:
-    """The plans at the queue's head that can be written now, in order, each with its window's
-    answers (a window once needed of them came back); the queue and answers left."""
-    ready, queue, answers = [], list(queue), dict(answers)
-    while queue:
-        plan, published = queue[0]
-        if isinstance(plan, WindowPlan):
-            if len(answers.get(plan.window, [])) < needed:
-                break
-            ready.append((plan, published, answers.pop(plan.window)))
-        else:
-            ready.append((plan, published, []))
-        queue.pop(0)
-    return ready, queue, answers
+class Book(NamedTuple):
+    """The writer's small state: what has come in, never the plans or ids themselves (a bag
+    each, read only when something can be written)."""
+
+    next_seq: int = 0  # the next plan to write
+    plans: dict[int, int | None] = {}  # plans come in, not written: seq -> window (None: letters)
+    answers: dict[int, int] = {}  # window -> answers come in
+
+
+def writable(book: Book, needed: int) -> tuple[list[int], Book]:
+    """The plans (seqs) that can be written now, in order: a letters run at once, a window once
+    needed answers of it came back; the book after them."""
+    plans, answers, seq, ready = dict(book.plans), dict(book.answers), book.next_seq, []
+    while seq in plans and (plans[seq] is None or answers.get(plans[seq], 0) >= needed):
+        window = plans.pop(seq)
+        answers.pop(window, None)
+        ready.append(seq)
+        seq += 1
+    return ready, Book(seq, plans, answers)
 
 
 def window_ids(plan: WindowPlan, answers: list[tuple]) -> dict[str, KindIds]:
@@ -659,14 +656,15 @@ def window_ids(plan: WindowPlan, answers: list[tuple]) -> dict[str, KindIds]:
 class WriteWindows(beam.DoFn):
     """Keyed (one key): writes what PublishWindows handed over, in the order it was handed,
     each window once its ids are back from every shard's store and the numbering step (so a
-    window is published whole). Holds the stream's counts (a Progress: rows, rejected, next
+    window is published whole). A window's plan and ids wait in bags, read once, when it is
+    written (an answer's arrival reads only the Book). Holds the stream's counts (a Progress: rows, rejected, next
     ids) and writes cumulative.json and the run counts after each window or letters run.
     In: (0, (PLAN, seq, plan, Published)), (0, (ADDED, window, kind, NUMBERED)),
     (0, (ANSWER, window, kind, rows, ids)); out: each published window's manifest."""
 
-    ORDER = ReadModifyWriteStateSpec("order", PickleCoder())
-    QUEUE = ReadModifyWriteStateSpec("queue", PickleCoder())
-    ANSWERS = ReadModifyWriteStateSpec("answers", PickleCoder())
+    BOOK = ReadModifyWriteStateSpec("book", PickleCoder())
+    PLANS = BagStateSpec("plans", PickleCoder())  # (seq, plan, Published)
+    ANSWERS = BagStateSpec("answers", PickleCoder())  # (window, (tag, kind, ...))
     PROGRESS = ReadModifyWriteStateSpec("progress", PickleCoder())
 
     def __init__(self, config: StreamingConfig):
@@ -678,34 +676,52 @@ class WriteWindows(beam.DoFn):
     def process(
         self,
         element: tuple[int, tuple],
-        order=beam.DoFn.StateParam(ORDER),
-        queue_state=beam.DoFn.StateParam(QUEUE),
-        answers_state=beam.DoFn.StateParam(ANSWERS),
+        book_state=beam.DoFn.StateParam(BOOK),
+        plans=beam.DoFn.StateParam(PLANS),
+        answers=beam.DoFn.StateParam(ANSWERS),
         progress_state=beam.DoFn.StateParam(PROGRESS),
     ) -> Iterator[dict]:
         tag, *item = element[1]
-        queue, answers = queue_state.read() or [], answers_state.read() or {}
+        book = book_state.read() or Book()
         if tag == PLAN:
-            seq, plan, published = item
-            state, taken = in_order(order.read() or InOrder(0, {}), seq, (plan, published), 1)
-            order.write(state)
-            queue += [entry for _, [entry] in taken]
+            seq, plan, _ = item
+            plans.add(tuple(item))
+            window = plan.window if isinstance(plan, WindowPlan) else None
+            book = book._replace(plans={**book.plans, seq: window})
         else:
             window, *answer = item
-            answers.setdefault(window, []).append((tag, *answer))
-        ready, queue, answers = writable(queue, answers, len(KINDS) * (self._config.id_shards + 1))
+            answers.add((window, (tag, *answer)))
+            book = book._replace(answers={**book.answers, window: book.answers.get(window, 0) + 1})
+        ready, book = writable(book, len(KINDS) * (self._config.id_shards + 1))
+        book_state.write(book)
         if ready:
-            progress = progress_state.read() or Progress()
-            for plan, published, window_answers in ready:
-                progress.windows, progress.published_ms, progress.origin_ms = published
-                if isinstance(plan, WindowPlan):
-                    yield self._write(plan, window_ids(plan, window_answers), progress)
-                else:
-                    progress.rejected += len(plan.letters)
-                    write_cumulative(self._config, progress, (plan.name, plan.letters))
-            progress_state.write(progress)
-        queue_state.write(queue)
-        answers_state.write(answers)
+            yield from self._write_ready(ready, plans, answers, progress_state)
+
+    def _write_ready(
+        self, ready: list[int], plans: Any, answers: Any, progress_state: Any
+    ) -> Iterator[dict]:
+        """The plans ready written in order; the bags keep only what waits."""
+        waiting = {seq: (plan, published) for seq, plan, published in plans.read()}
+        taken = [waiting.pop(seq) for seq in ready]
+        windows = {plan.window for plan, _ in taken if isinstance(plan, WindowPlan)}
+        answered = list(answers.read())
+        plans.clear()
+        for seq, (plan, published) in waiting.items():
+            plans.add((seq, plan, published))
+        answers.clear()
+        for window, answer in answered:
+            if window not in windows:
+                answers.add((window, answer))
+        progress = progress_state.read() or Progress()
+        for plan, published in taken:
+            progress.windows, progress.published_ms, progress.origin_ms = published
+            if isinstance(plan, WindowPlan):
+                own = [answer for window, answer in answered if window == plan.window]
+                yield self._write(plan, window_ids(plan, own), progress)
+            else:
+                progress.rejected += len(plan.letters)
+                write_cumulative(self._config, progress, (plan.name, plan.letters))
+        progress_state.write(progress)
 
     def _write(self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress) -> dict:
         """One window as a night of the batch job, its ids continuing the stream's. Whole in one

@@ -587,23 +587,16 @@ def test_one_watermark_advance_publishes_every_due_window(tmp_path, monkeypatch)
 
 @pytest.mark.beam
 def test_the_writer_writes_plans_in_order_each_window_once_its_ids_are_back():
-    """Letters handed after a window wait for it; a window waits for every answer (every
-    shard's store and the numbering step, of each kind), then goes with exactly its own."""
-    from kvtrace.pipelines.anonymize_streaming import LettersPlan, Published, WindowPlan, writable
+    """Plans as handed: window 0, letters, window 1. Letters wait for the window handed before
+    them; a window waits for every answer (each shard's store and the numbering step, of each
+    kind); a plan handed later but come in first waits its turn."""
+    from kvtrace.pipelines.anonymize_streaming import Book, writable
 
-    def window(index: int) -> WindowPlan:
-        return WindowPlan(index, f"window-{index:06d}", None, 0, {}, {})
-
-    published = Published(1, 0, 0)
-    queue = [(window(0), published), (LettersPlan("letters-000001", []), published)]
-    queue.append((window(1), published))
-    answers = {0: ["a"], 1: ["b", "c"]}
-    ready, left, waiting = writable(queue, answers, 2)
-    assert ready == [] and left == queue and waiting == answers
-    answers = {0: ["a", "d"], 1: ["b"]}
-    ready, left, waiting = writable(queue, answers, 2)
-    assert [(plan.name, got) for plan, _, got in ready] == [
-        ("window-000000", ["a", "d"]),
-        ("letters-000001", []),
-    ]
-    assert left == queue[2:] and waiting == {1: ["b"]}
+    book = Book(0, {2: 1}, {1: 2})  # window 1's plan (seq 2) and all its answers came first
+    ready, book = writable(book, 2)
+    assert ready == [] and book == Book(0, {2: 1}, {1: 2})
+    book = book._replace(plans={**book.plans, 0: 0, 1: None}, answers={**book.answers, 0: 1})
+    ready, book = writable(book, 2)
+    assert ready == [] and book.next_seq == 0  # window 0 lacks an answer: nothing overtakes it
+    ready, book = writable(book._replace(answers={**book.answers, 0: 2}), 2)
+    assert ready == [0, 1, 2] and book == Book(3, {}, {})
