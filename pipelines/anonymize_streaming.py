@@ -622,7 +622,8 @@ class LettersPlan(NamedTuple):
 
 class Book(NamedTuple):
     """The writer's small state: what has come in, never the plans or ids themselves (a bag
-    each, read only when something can be written)."""
+    each, read only when something can be written). Its dicts are never changed in place (the
+    writer builds new ones), so the shared defaults stay empty."""
 
     next_seq: int = 0  # the next plan to write
     plans: dict[int, int | None] = {}  # plans come in, not written: seq -> window (None: letters)
