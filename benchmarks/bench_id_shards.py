@@ -1,5 +1,5 @@
 """The stream's id map in hash-shard keys (transforms/ids/id_shards.py) against the one key that
-holds it today, window after window, in one process:
+held it before (issue 36.3), window after window, in one process:
 
 - state per key: the bytes the largest shard key holds after the last window (its seen set and
   id store), against the one key's map (24 bytes an id);

@@ -127,6 +127,20 @@ class Encoded(NamedTuple):
 NumberKind = Callable[[str, np.ndarray], KindIds]
 
 
+class Night(NamedTuple):
+    """A night's requests up to their numbering: what it numbers (kind_keys of `whole`) and
+    what writing it needs once the ids are known (publish_night)."""
+
+    whole: HashedBatch  # kept requests, times published (coarsened from origin)
+    counts: RecordCounts
+    rejected: Tally
+    held: list[DeadLetter]  # letters in memory, merged with the staged ones when written
+    staged: StagedLetters
+    earliest_ms: int | None
+    origin: int
+    days: dict[int, int]  # requests per day, before times are rounded
+
+
 def finish_night(
     config: AnonymizeConfig,
     encoded: Encoded,
@@ -139,6 +153,17 @@ def finish_night(
     trace shards, dead letters, stats, manifest, then the id map's version and the trace. The
     trace's clock starts at origin_ms, else at the map's origin or the earliest request.
     Returns the manifest; raises JobStopped (nothing published) at the gate."""
+    night = night_requests(config, encoded, origin_ms)
+    number = number or (lambda kind, keys: number_ids(config, kind, keys))
+    numbered = {kind: number(kind, keys(night.whole)) for kind, keys in kind_keys(config).items()}
+    return publish_night(config, night, numbered, next_ids)
+
+
+def night_requests(config: AnonymizeConfig, encoded: Encoded, origin_ms: int | None) -> Night:
+    """finish_night up to its numbering, writing nothing: the requests kept (timestamp kind),
+    the gate passed, times published from the origin. A stream numbers the keys of night.whole
+    elsewhere (its id map in shard keys) and hands the ids to publish_night, which writes
+    everything, letters first (a failed attempt of it is whole: a retry writes it again)."""
     whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
     kept, mismatched = keep_input_kind(
         whole,
@@ -151,7 +176,6 @@ def finish_night(
     # held in memory, and the requests of the input's minority timestamp kind.
     held = encoded.rejected + mismatched
     rejected = encoded.staged.tally + Tally.of(held)
-    write_dead_letters(config.dead_letter, held, encoded.staged)
 
     earliest_ms = whole.earliest_ms()
     if origin_ms is None:
@@ -159,9 +183,19 @@ def finish_night(
     counts = pass_gate(config, encoded.read, rejected, earliest_ms, origin_ms)
     origin = trace_origin_ms(origin_ms, earliest_ms)
     whole = published_requests(whole, origin, config.coarsening)
+    return Night(whole, counts, rejected, held, encoded.staged, earliest_ms, origin, days)
 
-    number = number or (lambda kind, keys: number_ids(config, kind, keys))
-    numbered = {kind: number(kind, keys(whole)) for kind, keys in kind_keys(config).items()}
+
+def publish_night(
+    config: AnonymizeConfig,
+    night: Night,
+    numbered: dict[str, KindIds],
+    next_ids: dict[str, int] | None = None,
+) -> dict:
+    """finish_night from its ids on (numbered: each kind's ids of night.whole's keys): rows,
+    shards, stats, manifest, the id map's version, then the trace published."""
+    write_dead_letters(config.dead_letter, night.held, night.staged)
+    whole, origin, earliest_ms = night.whole, night.origin, night.earliest_ms
     rows = row_batch(
         whole.requests,
         numbered["blocks"].ids,
@@ -177,7 +211,11 @@ def finish_night(
         files = write_shards(config, whole, rows, rows_origin_ms(config, origin, earliest_ms))
         totals = ExportTotals.of_batch(whole, config.coarsening)
         stats = write_stats(
-            config, counts, totals, numbered["blocks"].unique, rejected.of_reason(DAMAGED_FILE)
+            config,
+            night.counts,
+            totals,
+            numbered["blocks"].unique,
+            night.rejected.of_reason(DAMAGED_FILE),
         )
         manifest = night_manifest(config, files, stats, earliest_ms, origin, next_ids)
         manifest = commit_id_map(
@@ -186,7 +224,7 @@ def finish_night(
             segments,
             {kind: ids.added_count for kind, ids in numbered.items()},
             earliest_ms,
-            night_times(days, whole.requests["timestamp_ms"].max(initial=origin), origin),
+            night_times(night.days, whole.requests["timestamp_ms"].max(initial=origin), origin),
         )
     return publish_trace(config, manifest)
 

@@ -2,6 +2,7 @@
 by window.
 
 messages -> parse -> render, tokenize, chain-hash (the batch pipeline's steps) -> PublishWindows
+    -> the id map's shard steps (SeenShard, NumberNew, ShardStore) -> WriteWindows
 
 Event time is each request's own timestamp, whenever the source received it (a backfill of old
 logs is on time). Requests gather by event-time window (--window), cut from the trace's zero
@@ -11,9 +12,10 @@ published time tells the zero's epoch. Once a request
 past a window's end plus the allowed lateness has come in, and the source's watermark (its own
 clock: when records were produced) says everything produced before that one has come in too, or
 the source has been idle for IDLE_MS, the window is a night of the batch job: its ids continue
-the id map, which lives in the runner's keyed state (ids in first-seen order within and across
-windows), and it is numbered and published, whole, into its own folder by the night's end
-every engine runs (anonymize_night.finish_night), named by its place among the
+the id map, which lives in the runner's keyed state, in --id-shards hash-shard keys (ids in
+first-seen order within and across windows), and it is numbered and published, whole, into its
+own folder by the night's end every engine runs (anonymize_night.night_requests, then
+publish_night once its ids are back), named by its place among the
 published windows (window-000000, ...: no absolute time leaves), its dead letters published with
 it as a run of the batch job's protocol (publish.DeadLetterRun: rejected-window-000000.jsonl).
 A runner restored from a checkpoint restores that state with the source's offsets: it publishes
@@ -30,8 +32,10 @@ rows prove; what was read and rejected is the operator's, in run-counts.json bes
 letters (as a batch run's). Clock resets are judged as batch judges them,
 against the stream's whole input so far, and never move its clock.
 
-All windows meet in one key: a window is numbered and written by one worker, as a night is by
-the local engine (docs/STREAMING.md sizes it); reading, parsing and tokenizing spread over all.
+Windows are cut and judged in one key (PublishWindows, the controller) and written in one
+(WriteWindows), in order; the id map is in (kind, shard) keys, none holding all of it, and no
+window reads it whole (docs/STREAMING.md sizes it); reading, parsing and tokenizing spread over
+all.
 """
 
 from __future__ import annotations
@@ -43,13 +47,14 @@ import re
 import time
 import typing
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.coders import PickleCoder
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.external import ExternalTransform, NamedTupleBasedPayloadBuilder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (
@@ -62,7 +67,14 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
-from kvtrace.pipelines.anonymize_night import Encoded, finish_night, write_dead_letters
+from kvtrace.pipelines.anonymize_night import (
+    Encoded,
+    Night,
+    kind_keys,
+    night_requests,
+    publish_night,
+    write_dead_letters,
+)
 from kvtrace.pipelines.runner import pipeline_options, run
 from kvtrace.transforms import storage
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter, shown_name
@@ -74,7 +86,9 @@ from kvtrace.transforms.encode.timestamp_kinds import (
     sum_kind_counts,
 )
 from kvtrace.transforms.errors import ConfigError
-from kvtrace.transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
+from kvtrace.transforms.ids.dense_ids import KindIds, UniqueTotals, sum_unique, unique_totals
+from kvtrace.transforms.ids.id_shards import DEFAULT_ID_SHARDS, placed, window_parts
+from kvtrace.transforms.ids.steps import QUERY, NumberNew, SeenShard, ShardStore
 from kvtrace.transforms.read.steps import parse_records
 from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
 from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
@@ -90,6 +104,8 @@ IDLE_MS = 10_000
 # Dead letters wait this long (processing time) for a window to go out with, then go alone.
 LETTER_DELAY_S = 10
 KINDS = ("blocks", "sessions")
+SEEN = "seen"  # the controller's tagged outputs to the shard steps
+PLAN, ADDED, ANSWER = "plan", "added", "answer"  # what the writer takes
 PUBSUB = re.compile(r"pubsub:(projects/[^/]+/subscriptions/[^/]+)")
 KAFKA = re.compile(r"kafka://([^/]+:\d+)/([^/]+)")
 # Beam's Kafka read is Java, expanded by an expansion service (deploy/flink/local-cluster.sh
@@ -189,6 +205,7 @@ class StreamingConfig:
     window_ms: int = 3_600_000
     allowed_lateness_ms: int = 0
     idle_ms: int = IDLE_MS
+    id_shards: int = DEFAULT_ID_SHARDS  # keys holding the id map: never changes a byte
 
     def deadline_ms(self, window_start_ms: int) -> int:
         """When a window is published: the watermark past its end plus the allowed lateness."""
@@ -227,7 +244,9 @@ def source_now_ms() -> int:
 
 @dataclasses.dataclass
 class Progress:
-    """What the stream has published so far (keyed state beside the id map)."""
+    """What the stream has published so far (keyed state). The controller keeps its windows,
+    zero and clock; the writer keeps a copy whose counts (next ids, rows, rejected) it alone
+    moves, the rest copied from each plan's Published."""
 
     next_id: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     # The trace's zero, which windows are cut from: the earliest request so far until a window
@@ -246,6 +265,7 @@ class Progress:
     passed_ms: dict[int, int | None] = dataclasses.field(default_factory=dict)
     letters_due: float | None = None  # when pending dead letters go out on their own (s)
     letter_batches: int = 0
+    handed: int = 0  # plans handed to the writer (WriteWindows), which keeps the counts below
     windows: int = 0
     rows: int = 0
     rejected: int = 0  # the operator's count (RUN_COUNTS), never published
@@ -366,13 +386,13 @@ class Progress:
 
 
 class PublishWindows(beam.DoFn):
-    """Keyed (one key) by design: numbering needs every earlier window's ids, and windows are
-    cut from the trace's zero, which lives in this state. In: (key, HashedBatch or DeadLetter);
-    out: each published window's manifest. Pending: (window start, HashedBatch) or (None,
-    DeadLetter)."""
+    """The controller, keyed (one key) by design: windows are cut from the trace's zero, which
+    lives in this state, and go out in order. In: (key, HashedBatch or DeadLetter); out: each
+    window's keys to the id map's shard steps (tagged SEEN, QUERY: ((kind, shard), ...)) and
+    plans to the writer, in the order it writes them ((0, (PLAN, seq, WindowPlan or
+    LettersPlan, Published))). Pending: (window start, HashedBatch) or (None, DeadLetter)."""
 
     PENDING = BagStateSpec("pending", PickleCoder())
-    ID_MAP = {kind: BagStateSpec(f"map_{kind}", PickleCoder()) for kind in KINDS}
     PROGRESS = ReadModifyWriteStateSpec("progress", PickleCoder())
     # One per open window, tagged by its start (_arm): all due ones fire in one advance.
     DEADLINE = TimerSpec("deadline", TimeDomain.WATERMARK)
@@ -385,8 +405,6 @@ class PublishWindows(beam.DoFn):
     def __init__(self, config: StreamingConfig):
         self._config = config
         # What a runner's UI shows of the stream (Dataflow's job page, Flink's metrics).
-        self._windows = Metrics.counter("kvtrace", "windows_published")
-        self._rows = Metrics.counter("kvtrace", "requests_published")
         self._late = Metrics.counter("kvtrace", "requests_late")
 
     def process(
@@ -468,15 +486,12 @@ class PublishWindows(beam.DoFn):
         fired=beam.DoFn.TimestampParam,
         pending=beam.DoFn.StateParam(PENDING),
         progress_state=beam.DoFn.StateParam(PROGRESS),
-        blocks_map=beam.DoFn.StateParam(ID_MAP["blocks"]),
-        sessions_map=beam.DoFn.StateParam(ID_MAP["sessions"]),
         deadline=beam.DoFn.TimerParam(DEADLINE),
         letters_due=beam.DoFn.TimerParam(LETTERS),
-    ) -> Iterator[dict]:
+    ) -> Iterator[Any]:
         progress = progress_state.read() or Progress()
-        maps = {"blocks": blocks_map, "sessions": sessions_map}
         open_before = set(progress.passed_ms)
-        yield from self._publish_due(fired.micros // 1000, progress, pending, maps)
+        yield from self._publish_due(fired.micros // 1000, progress, pending)
         # Published (or cut again from a moved zero): its timer is moot.
         for window in open_before - set(progress.passed_ms):
             deadline.clear(dynamic_timer_tag=str(window))
@@ -491,19 +506,14 @@ class PublishWindows(beam.DoFn):
         fired=beam.DoFn.TimestampParam,
         pending=beam.DoFn.StateParam(PENDING),
         progress_state=beam.DoFn.StateParam(PROGRESS),
-        blocks_map=beam.DoFn.StateParam(ID_MAP["blocks"]),
-        sessions_map=beam.DoFn.StateParam(ID_MAP["sessions"]),
-    ) -> Iterator[dict]:
+    ) -> Iterator[Any]:
         """The stream ended: every open window published, then every letter left."""
         progress = progress_state.read() or Progress()
-        maps = {"blocks": blocks_map, "sessions": sessions_map}
-        yield from self._publish_due(fired.micros // 1000, progress, pending, maps)
-        self._flush_letters(progress, pending)
+        yield from self._publish_due(fired.micros // 1000, progress, pending)
+        yield from self._flush_letters(progress, pending)
         progress_state.write(progress)
 
-    def _publish_due(
-        self, watermark_ms: int, progress: Progress, pending: Any, maps: dict[str, Any]
-    ) -> Iterator[dict]:
+    def _publish_due(self, watermark_ms: int, progress: Progress, pending: Any) -> Iterator[Any]:
         """The windows due at watermark_ms published, oldest first, the letters waiting with the
         first; the rest left pending."""
         config = self._config
@@ -523,7 +533,7 @@ class PublishWindows(beam.DoFn):
         due = progress.due(config, watermark_ms)
         for window in due:
             batches = [item for w, item in waiting if w == window]
-            yield self._publish(progress.publish(window), batches, letters, maps, progress)
+            yield from self._publish(progress.publish(window), batches, letters, progress)
             letters = []
         later = [(w, item) for w, item in waiting if w not in due]
         for entry in later + [(None, letter) for letter in letters]:
@@ -532,14 +542,14 @@ class PublishWindows(beam.DoFn):
     @on_timer(LETTERS)
     def flush_letters(
         self, pending=beam.DoFn.StateParam(PENDING), progress_state=beam.DoFn.StateParam(PROGRESS)
-    ) -> None:
+    ) -> Iterator[Any]:
         progress = progress_state.read() or Progress()
-        self._flush_letters(progress, pending)
+        yield from self._flush_letters(progress, pending)
         progress_state.write(progress)
 
-    def _flush_letters(self, progress: Progress, pending: Any) -> None:
-        """Dead letters no window took in time, published on their own with the cumulative.json
-        written then, counted in the stream's run counts."""
+    def _flush_letters(self, progress: Progress, pending: Any) -> Iterator[Any]:
+        """Dead letters no window took in time, handed to the writer: published on their own
+        with the cumulative.json written then, after every window handed before them."""
         items = list(pending.read())
         letters = [item for window, item in items if window is None]
         if letters:
@@ -548,70 +558,211 @@ class PublishWindows(beam.DoFn):
                 if entry[0] is not None:
                     pending.add(entry)
             progress.letter_batches += 1
-            progress.rejected += len(letters)
-            write_cumulative(
-                self._config, progress, (f"letters-{progress.letter_batches:06d}", letters)
+            yield self._hand(
+                progress, LettersPlan(f"letters-{progress.letter_batches:06d}", letters)
             )
         progress.letters_due = None
 
+    @staticmethod
+    def _hand(progress: Progress, plan: WindowPlan | LettersPlan) -> tuple[int, tuple]:
+        """A plan to the writer, numbered in the order it is to be written, with what
+        cumulative.json says of the windows published by then."""
+        progress.handed += 1
+        published = Published(progress.windows, progress.published_ms, progress.origin_ms)
+        return 0, (PLAN, progress.handed - 1, plan, published)
+
     def _publish(
+        self, name: str, batches: list[HashedBatch], letters: list[DeadLetter], progress: Progress
+    ) -> Iterator[Any]:
+        """One window as a night of the batch job, up to its numbering: its requests judged
+        (night_requests, writing nothing), its keys sent to the shard steps (SEEN, QUERY), and
+        the rest handed to the writer (WindowPlan), which writes it once its ids are back."""
+        # The rejected-fraction gate is the batch job's: a stream does not stop for one window.
+        judged = dataclasses.replace(self._config.job, inputs=(), max_rejected_fraction=None)
+        read = sum(len(b) for b in batches) + len(letters)
+        requests = night_requests(judged, Encoded(batches, letters, read), progress.origin_ms)
+        window, shards = progress.windows - 1, self._config.id_shards
+        unique, lengths = {}, {}
+        for kind, keys_of in kind_keys(judged).items():
+            keys = keys_of(requests.whole)
+            firsts, queries = window_parts(keys, shards)
+            unique[kind] = sum_unique(unique_totals(part) for part in firsts)
+            lengths[kind] = len(keys)
+            for shard, (part, query) in enumerate(zip(firsts, queries)):
+                yield TaggedOutput(SEEN, ((kind, shard), (window, part)))
+                yield TaggedOutput(QUERY, ((kind, shard), (window, QUERY, query)))
+        yield self._hand(progress, WindowPlan(window, name, requests, read, unique, lengths))
+
+
+class Published(NamedTuple):
+    """What cumulative.json says of the windows published when a plan was handed over."""
+
+    windows: int
+    published_ms: int | None
+    origin_ms: int | None
+
+
+class WindowPlan(NamedTuple):
+    """A window the controller cut and judged, for the writer once its ids are back."""
+
+    window: int  # its place among the published windows: the shard steps' window
+    name: str  # its folder's
+    requests: Night
+    read: int
+    unique: dict[str, UniqueTotals]  # per kind, from the window's first occurrences
+    lengths: dict[str, int]  # keys per kind: the ids coming back
+
+
+class LettersPlan(NamedTuple):
+    """Dead letters no window took, published with the cumulative.json written then."""
+
+    name: str
+    letters: list[DeadLetter]
+
+
+class Book(NamedTuple):
+    """The writer's small state: what has come in, never the plans or ids themselves (a bag
+    each, read only when something can be written). Its dicts are never changed in place (the
+    writer builds new ones), so the shared defaults stay empty."""
+
+    next_seq: int = 0  # the next plan to write
+    plans: dict[int, int | None] = {}  # plans come in, not written: seq -> window (None: letters)
+    answers: dict[int, int] = {}  # window -> answers come in
+
+
+def writable(book: Book, needed: int) -> tuple[list[int], Book]:
+    """The plans (seqs) that can be written now, in order: a letters run at once, a window once
+    needed answers of it came back; the book after them."""
+    plans, answers, seq, ready = dict(book.plans), dict(book.answers), book.next_seq, []
+    while seq in plans and (plans[seq] is None or answers.get(plans[seq], 0) >= needed):
+        window = plans.pop(seq)
+        answers.pop(window, None)
+        ready.append(seq)
+        seq += 1
+    return ready, Book(seq, plans, answers)
+
+
+def window_ids(plan: WindowPlan, answers: list[tuple]) -> dict[str, KindIds]:
+    """Each kind's ids of the window, from its stores' answers (ANSWER, kind, rows, ids) and
+    the numbering step's new ids (ADDED, kind, NUMBERED)."""
+    numbered = {}
+    for kind in KINDS:
+        added = next(item[2] for item in answers if item[:2] == (ADDED, kind))
+        parts = [(item[2], item[3]) for item in answers if item[:2] == (ANSWER, kind)]
+        ids = placed(plan.lengths[kind], parts)
+        numbered[kind] = KindIds(ids, plan.unique[kind], added, len(added))
+    return numbered
+
+
+class WriteWindows(beam.DoFn):
+    """Keyed (one key): writes what PublishWindows handed over, in the order it was handed,
+    each window once its ids are back from every shard's store and the numbering step (so a
+    window is published whole). A window's plan and ids wait in bags, read once, when it is
+    written (an answer's arrival reads only the Book). Holds the stream's counts (a Progress: rows, rejected, next
+    ids) and writes cumulative.json and the run counts after each window or letters run.
+    In: (0, (PLAN, seq, plan, Published)), (0, (ADDED, window, kind, NUMBERED)),
+    (0, (ANSWER, window, kind, rows, ids)); out: each published window's manifest."""
+
+    BOOK = ReadModifyWriteStateSpec("book", PickleCoder())
+    PLANS = BagStateSpec("plans", PickleCoder())  # (seq, plan, Published)
+    ANSWERS = BagStateSpec("answers", PickleCoder())  # (window, (tag, kind, ...))
+    PROGRESS = ReadModifyWriteStateSpec("progress", PickleCoder())
+
+    def __init__(self, config: StreamingConfig):
+        self._config = config
+        # What a runner's UI shows of the stream (Dataflow's job page, Flink's metrics).
+        self._windows = Metrics.counter("kvtrace", "windows_published")
+        self._rows = Metrics.counter("kvtrace", "requests_published")
+
+    def process(
         self,
-        name: str,
-        batches: list[HashedBatch],
-        letters: list[DeadLetter],
-        maps: dict[str, Any],
-        progress: Progress,
-    ) -> dict:
-        """One window as a night of the batch job, its ids continuing the map in state."""
+        element: tuple[int, tuple],
+        book_state=beam.DoFn.StateParam(BOOK),
+        plans=beam.DoFn.StateParam(PLANS),
+        answers=beam.DoFn.StateParam(ANSWERS),
+        progress_state=beam.DoFn.StateParam(PROGRESS),
+    ) -> Iterator[dict]:
+        tag, *item = element[1]
+        book = book_state.read() or Book()
+        if tag == PLAN:
+            seq, plan, _ = item
+            plans.add(tuple(item))
+            window = plan.window if isinstance(plan, WindowPlan) else None
+            book = book._replace(plans={**book.plans, seq: window})
+        else:
+            window, *answer = item
+            answers.add((window, (tag, *answer)))
+            book = book._replace(answers={**book.answers, window: book.answers.get(window, 0) + 1})
+        ready, book = writable(book, len(KINDS) * (self._config.id_shards + 1))
+        book_state.write(book)
+        if ready:
+            yield from self._write_ready(ready, plans, answers, progress_state)
+
+    def _write_ready(
+        self, ready: list[int], plans: Any, answers: Any, progress_state: Any
+    ) -> Iterator[dict]:
+        """The plans ready written in order; the bags keep only what waits."""
+        waiting = {seq: (plan, published) for seq, plan, published in plans.read()}
+        taken = [waiting.pop(seq) for seq in ready]
+        windows = {plan.window for plan, _ in taken if isinstance(plan, WindowPlan)}
+        answered = list(answers.read())
+        plans.clear()
+        for seq, (plan, published) in waiting.items():
+            plans.add((seq, plan, published))
+        answers.clear()
+        for window, answer in answered:
+            if window not in windows:
+                answers.add((window, answer))
+        progress = progress_state.read() or Progress()
+        for plan, published in taken:
+            progress.windows, progress.published_ms, progress.origin_ms = published
+            if isinstance(plan, WindowPlan):
+                own = [answer for window, answer in answered if window == plan.window]
+                yield self._write(plan, window_ids(plan, own), progress)
+            else:
+                progress.rejected += len(plan.letters)
+                write_cumulative(self._config, progress, (plan.name, plan.letters))
+        progress_state.write(progress)
+
+    def _write(self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress) -> dict:
+        """One window as a night of the batch job, its ids continuing the stream's. Whole in one
+        attempt: a retried or restored one starts again from nothing."""
         job = self._config.job
-        output = storage.join(job.output, name)
+        output = storage.join(job.output, plan.name)
         # The window's letters are a run of the batch job's protocol, named by the window: a
         # window published again after a restart replaces its letters as it replaces its folder.
-        rejected = DeadLetterRun(job.dead_letter, output, name)
-        # The rejected-fraction gate is the batch job's: a stream does not stop for one window.
+        rejected = DeadLetterRun(job.dead_letter, output, plan.name)
         night = dataclasses.replace(
             job,
             inputs=(),
             max_rejected_fraction=None,
             output=output,
-            staging=storage.join(job.staging, name),
+            staging=storage.join(job.staging, plan.name),
             dead_letter=rejected.staging,
         )
         # From nothing: what an attempt killed mid-window left is not part of this one.
         for leftover in (night.staging, rejected.staging):
             storage.remove_folder(leftover)
         if job.block_hashes:  # a window's block hashes as FOLDER/window-*/, beside its output's
-            night = dataclasses.replace(night, block_hashes=storage.join(job.block_hashes, name))
+            night = dataclasses.replace(
+                night, block_hashes=storage.join(job.block_hashes, plan.name)
+            )
             storage.remove_folder(block_hashes_staging(night.block_hashes, night.staging))
         storage.make_folder(night.staging, private=True)
         rejected.begin(night.staging)
-        numbered: dict[str, KindIds] = {}
-
-        def kind_ids(kind: str, keys: np.ndarray) -> KindIds:
-            known = np.concatenate(list(maps[kind].read()) + [np.empty(0, NUMBERED)])
-            numbered[kind] = dense_ids(keys, lambda _: known, progress.next_id[kind])
-            return numbered[kind]
-
-        read = sum(len(b) for b in batches) + len(letters)
         published = False
         try:
-            manifest = finish_night(
-                night,
-                Encoded(batches, letters, read),
-                kind_ids,
-                progress.origin_ms,
-                dict(progress.next_id),
-            )
+            manifest = publish_night(night, plan.requests, numbered, dict(progress.next_id))
             published = True
         finally:
             rejected.settle(published)  # with the window, or gone with the attempt
         for kind, ids in numbered.items():
-            maps[kind].add(ids.added)
             progress.next_id[kind] += ids.added_count
-        progress.rows += manifest["records"]["exported"]
+        exported = manifest["records"]["exported"]
+        progress.rows += exported
         self._windows.inc()
-        self._rows.inc(manifest["records"]["exported"])
-        progress.rejected += read - manifest["records"]["exported"]  # each exported or a letter
+        self._rows.inc(exported)
+        progress.rejected += plan.read - exported  # each exported or a letter
         write_cumulative(self._config, progress)
         return manifest
 
@@ -734,9 +885,31 @@ def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollecti
     parsed = parse_records(records, job.parse)
     # Timestamp kinds are judged per window, against the stream's input so far (PublishWindows).
     encoded = parsed.requests | "Encode" >> Encode(job.encode, one_timestamp_kind=False)
-    return (
+    controlled = (
         (encoded["hashed"], parsed[DEAD_LETTER_TAG], encoded[DEAD_LETTER_TAG])
         | "Everything" >> beam.Flatten()
         | "OneKey" >> beam.Map(lambda item: (0, item))
-        | "PublishWindows" >> beam.ParDo(PublishWindows(config))
+        | "PublishWindows"
+        >> beam.ParDo(PublishWindows(config)).with_outputs(SEEN, QUERY, main="plans")
+    )
+    # The id map in (kind, shard) keys: seen sets, the numbering of new hashes, the stores.
+    new = controlled[SEEN] | "SeenShards" >> beam.ParDo(SeenShard())
+    numbered = new | "NumberNew" >> beam.ParDo(NumberNew(config.id_shards)).with_outputs(
+        NumberNew.ADDED, main="ids"
+    )
+    answers = (
+        (numbered.ids, controlled[QUERY])
+        | "ToStores" >> beam.Flatten()
+        | "ShardStores" >> beam.ParDo(ShardStore())
+    )
+    return (
+        (
+            controlled.plans,
+            numbered[NumberNew.ADDED]
+            | "Added" >> beam.MapTuple(lambda window, kind, new: (0, (ADDED, window, kind, new))),
+            answers
+            | "Answers" >> beam.MapTuple(lambda window, answer: (0, (ANSWER, window, *answer))),
+        )
+        | "ToWriter" >> beam.Flatten()
+        | "WriteWindows" >> beam.ParDo(WriteWindows(config))
     )

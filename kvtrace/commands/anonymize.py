@@ -24,6 +24,7 @@ from kvtrace.transforms.encode.schemes import SCHEMES
 from kvtrace.transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
 from kvtrace.transforms.errors import ConfigError, JobStopped
 from kvtrace.transforms.ids.dense_ids import MAX_HASH_SHARDS
+from kvtrace.transforms.ids.id_shards import DEFAULT_ID_SHARDS
 from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
 from kvtrace.transforms.read.timestamps import TIMESTAMP_UNITS
 from kvtrace.transforms.trace_format import (
@@ -316,6 +317,14 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "(default 0s); later ones are dead letters with reason `late`",
     )
     add(
+        "--id-shards",
+        type=int,
+        metavar="N",
+        help="streaming: hash-shard keys holding the id map, each 1/N of it (default "
+        f"{DEFAULT_ID_SHARDS}); more spreads a large map over more workers; never changes "
+        "a byte of output",
+    )
+    add(
         "--engine",
         choices=("local", "beam"),
         help="local: this machine, without Beam (fastest here); beam: a Beam pipeline, on the "
@@ -380,6 +389,7 @@ SIZES = {
 }
 # A streaming window or lateness beyond a month holds a month of requests in state: a batch job.
 MAX_WINDOW_MS = 31 * 86_400_000
+MAX_ID_SHARDS = MAX_HASH_SHARDS  # as many keys as a batch map's shards
 
 
 def option_kinds() -> dict[str, str]:
@@ -767,11 +777,11 @@ def _run_anonymize(config: Any, engine: str, processes: int, flags: list[str]) -
         run_beam(config, flags)
 
 
-def _stream_source(options: dict[str, Any]) -> tuple[str, int, int] | None:
-    """--streaming's (source, window ms, allowed lateness ms), checked before anything starts;
-    None without --streaming."""
+def _stream_source(options: dict[str, Any]) -> tuple[str, int, int, int] | None:
+    """--streaming's (source, window ms, allowed lateness ms, id shards), checked before
+    anything starts; None without --streaming."""
     if not options.get("streaming"):
-        for name in ("window", "allowed_lateness"):
+        for name in ("window", "allowed_lateness", "id_shards"):
             if options.get(name) is not None:
                 raise ConfigError(f"--{name.replace('_', '-')} is for --streaming")
         return None
@@ -800,21 +810,26 @@ def _stream_source(options: dict[str, Any]) -> tuple[str, int, int] | None:
         raise ConfigError("--window must be longer than 0 and at most 31d")
     if lateness > MAX_WINDOW_MS:
         raise ConfigError("--allowed-lateness must be at most 31d")
-    return check_source(options["input"][0]), window, lateness
+    shards = DEFAULT_ID_SHARDS if options.get("id_shards") is None else options["id_shards"]
+    if not 1 <= shards <= MAX_ID_SHARDS:
+        raise ConfigError(f"--id-shards must be from 1 to {MAX_ID_SHARDS}, not {shards}")
+    return check_source(options["input"][0]), window, lateness, shards
 
 
-def _run_streaming(config: Any, stream: tuple[str, int, int], flags: list[str]) -> None:
+def _run_streaming(config: Any, stream: tuple[str, int, int, int], flags: list[str]) -> None:
     from kvtrace.pipelines.anonymize_streaming import StreamingConfig, run_streaming
 
-    source, window, lateness = stream
+    source, window, lateness, shards = stream
     _LOG.info(
-        "streaming from %s into %s/window-*/, windows of %d s, %d s allowed lateness",
+        "streaming from %s into %s/window-*/, windows of %d s, %d s allowed lateness, "
+        "the id map in %d shard keys",
         source,
         config.output,
         window // 1000,
         lateness // 1000,
+        shards,
     )
-    run_streaming(StreamingConfig(config, source, window, lateness), flags)
+    run_streaming(StreamingConfig(config, source, window, lateness, id_shards=shards), flags)
 
 
 def _engine(options: dict[str, Any], flags: BeamFlags) -> str:

@@ -58,6 +58,14 @@ def test_durations_refused(text):
             ["--input", "pubsub:projects/p/subscriptions/s", "--allowed-lateness", "soon"],
             "--allowed-lateness takes a duration",
         ),
+        (
+            ["--input", "pubsub:projects/p/subscriptions/s", "--id-shards", "0"],
+            "--id-shards must be from 1 to 4096, not 0",
+        ),
+        (
+            ["--input", "pubsub:projects/p/subscriptions/s", "--id-shards", "4097"],
+            "--id-shards must be from 1 to 4096, not 4097",
+        ),
     ],
 )
 def test_streaming_options_refused(tmp_path, capsys, monkeypatch, extra, message):
@@ -98,3 +106,9 @@ def test_window_needs_streaming(tmp_path, capsys):
         == 2
     )
     assert "--window is for --streaming" in capsys.readouterr().err
+
+
+def test_id_shards_need_streaming(tmp_path, capsys):
+    arguments = ["anonymize", "--input", "a.jsonl", "--output", str(tmp_path / "out")]
+    assert main([*arguments, "--tokenizer", "x", "--id-shards", "8"]) == 2
+    assert "--id-shards is for --streaming" in capsys.readouterr().err

@@ -157,3 +157,50 @@ def test_windows_are_cut_from_the_traces_zero_and_equal_batch(
         == 0
     )
     assert [line for w in windows for line in trace_lines(w)] == trace_lines(tmp_path / "batch")
+
+
+def published_files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow  # two streaming pipelines: ~20 s
+def test_the_id_maps_shard_count_never_changes_a_byte(tiny_tokenizer, tmp_path, monkeypatch):
+    """One key or seven holding the map: every window's files, cumulative.json and the letters
+    are the same bytes, and the windows concatenated are the batch job's trace (ids shared
+    across windows, so each window's ids come from stores fed by earlier windows)."""
+    import dataclasses
+
+    from apache_beam.testing.test_stream import TestStream
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    # Sessions and prompts repeat across the windows: later windows reuse earlier ids.
+    records = [stream_chat(15_000 * i, i % 5) for i in range(12)]
+    outputs = {}
+    for shards in (1, 7):
+        folder = tmp_path / f"shards-{shards}"
+        folder.mkdir()
+        config = dataclasses.replace(streaming_config(folder, tiny_tokenizer), id_shards=shards)
+        stream = (
+            TestStream()
+            .add_elements([message(r) for r in records[:6]] + [b"not json"])
+            .advance_watermark_to(10)
+            .add_elements([message(r) for r in records[6:]])
+            .advance_watermark_to_infinity()
+        )
+        run_stream(config, stream)
+        outputs[shards] = (
+            published_files(Path(config.job.output)),
+            published_files(Path(config.job.dead_letter)),
+        )
+    windows = sorted({name.split("/")[0] for name in outputs[1][0] if "/" in name})
+    assert windows == ["window-000000", "window-000001", "window-000002"]
+    assert outputs[1] == outputs[7]
+    batch_input = write_jsonl(tmp_path / "batch.jsonl", records)
+    arguments = ["anonymize", "--input", str(batch_input), "--tokenizer", tiny_tokenizer]
+    assert main([*arguments, "--block-size", "4", "--output", str(tmp_path / "batch")]) == 0
+    streamed = [
+        line
+        for window in windows
+        for line in trace_lines(tmp_path / "shards-7" / "stream" / window)
+    ]
+    assert streamed == trace_lines(tmp_path / "batch")

@@ -17,8 +17,10 @@ from kvtrace.pipelines.anonymize_night import (
     kind_keys,
     map_reading,
     night_manifest,
+    night_requests,
     number_ids,
     pass_gate,
+    publish_night,
     write_dead_letters,
     write_stats,
 )
@@ -248,3 +250,35 @@ def test_a_night_that_fails_between_its_segments_and_its_commit_leaves_none(
     assert not (tmp_path / "map").exists()  # a new map's folders, which it made, too
     run("next")
     assert current_version_number(str(tmp_path / "map")) == 1
+
+
+def test_a_night_split_at_its_numbering_numbers_the_kept_published_requests_and_writes_the_same(
+    tmp_path,
+):
+    """The stream numbers a window elsewhere (its id map in shard keys): the keys it is given
+    are the night's after the timestamp kind and the published times, and writing with those
+    ids is finish_night's bytes."""
+    # 1,000 ms relative requests and one epoch date: the minority kind is a letter, not a key.
+    batches = [night(request(1_000, [1, 2, 3, 4]), request(1_500, [1, 2, 5]))]
+    batches.append(night(request(1_700_000_000_000, [7, 8])))
+    given: dict[str, list] = {}
+
+    def recorded(kind, keys):
+        given[kind] = keys
+        return dense_ids(keys)
+
+    whole = config(tmp_path, "whole")
+    manifest = finish_night(whole, Encoded(batches, [letter()], 4), recorded)
+    split = config(tmp_path, "split")
+    night_ = night_requests(split, Encoded(batches, [letter()], 4), None)
+    assert len(night_.whole) == 2  # the epoch date is a dead letter
+    keys = {kind: keys_of(night_.whole) for kind, keys_of in kind_keys(split).items()}
+    for kind in keys:
+        assert keys[kind].tobytes() == given[kind].tobytes()
+    numbered = {kind: dense_ids(kind_keys_) for kind, kind_keys_ in keys.items()}
+    assert publish_night(split, night_, numbered)["sha256"] == manifest["sha256"]
+    for name in manifest["files"]:
+        assert (tmp_path / "split" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    assert (tmp_path / "split-rejected").joinpath(DEAD_LETTER_FILE).read_bytes() == (
+        tmp_path / "whole-rejected"
+    ).joinpath(DEAD_LETTER_FILE).read_bytes()

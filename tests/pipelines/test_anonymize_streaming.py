@@ -580,15 +580,7 @@ def test_one_watermark_advance_publishes_every_due_window(tmp_path, monkeypatch)
     watermark_us = (NOW + 10) * 1000
     firing = sorted((at, tag) for tag, at in deadline.set_at.items() if at <= watermark_us)
     for at, _ in firing:  # the timers set when the advance began, none set while they fire
-        list(
-            publisher.publish(
-                fired=Timestamp(micros=at),
-                blocks_map=FakeBag(),
-                sessions_map=FakeBag(),
-                letters_due=letters_due,
-                **state,
-            )
-        )
+        list(publisher.publish(fired=Timestamp(micros=at), letters_due=letters_due, **state))
     assert published == ["window-000000", "window-000001", "window-000002"]
     # The open window keeps its timer; the published ones' are gone.
     assert list(deadline.set_at) == [str(3 * MINUTE)]
@@ -614,3 +606,20 @@ def test_a_window_numbers_its_rows_parents_as_a_night_does(tiny_tokenizer, tmp_p
     (window,) = [p for p in Path(config.job.output).iterdir() if p.is_dir()]
     rows = [json.loads(line) for line in (window / "trace-00000-of-00001.jsonl").open()]
     assert [row.get("parent_row") for row in rows] == [parent for _, parent in logged]
+
+
+@pytest.mark.beam
+def test_the_writer_writes_plans_in_order_each_window_once_its_ids_are_back():
+    """Plans as handed: window 0, letters, window 1. Letters wait for the window handed before
+    them; a window waits for every answer (each shard's store and the numbering step, of each
+    kind); a plan handed later but come in first waits its turn."""
+    from kvtrace.pipelines.anonymize_streaming import Book, writable
+
+    book = Book(0, {2: 1}, {1: 2})  # window 1's plan (seq 2) and all its answers came first
+    ready, book = writable(book, 2)
+    assert ready == [] and book == Book(0, {2: 1}, {1: 2})
+    book = book._replace(plans={**book.plans, 0: 0, 1: None}, answers={**book.answers, 0: 1})
+    ready, book = writable(book, 2)
+    assert ready == [] and book.next_seq == 0  # window 0 lacks an answer: nothing overtakes it
+    ready, book = writable(book._replace(answers={**book.answers, 0: 2}), 2)
+    assert ready == [0, 1, 2] and book == Book(3, {}, {})

@@ -39,6 +39,9 @@ from kvtrace.transforms.ids.dense_ids import (
 )
 
 HASH = np.dtype([("hi", "<u8"), ("lo", "<u8")])
+# A stream's shard keys unless --id-shards says: the cheapest count in one process
+# (benchmarks/bench_id_shards.py); a runner spreads more over more workers.
+DEFAULT_ID_SHARDS = 4
 
 
 class Shard(NamedTuple):
@@ -113,6 +116,34 @@ def ids_of(ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return ids["id"][rows]
 
 
+class Query(NamedTuple):
+    """A window's occurrences of one shard, sent to its store: where they sit among the
+    window's keys, and their hashes (HASH)."""
+
+    rows: np.ndarray
+    hashes: np.ndarray
+
+
+def window_parts(keys: np.ndarray, shards: int) -> tuple[list[np.ndarray], list[Query]]:
+    """A window's keys (OCCURRENCE) as its shards receive them: each shard's first occurrences
+    (its seen set's input) and each shard's query (its store's), one of each for every shard,
+    empty for a shard with none, so every step knows when it has all of a window."""
+    labels = shard_of(keys, shards)
+    rows = [np.flatnonzero(labels == shard) for shard in range(shards)]
+    firsts = [earliest(keys[part]) for part in rows]
+    return firsts, [Query(part, narrowed(keys[part], HASH)) for part in rows]
+
+
+def placed(length: int, answers: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """A window's ids in the order of its keys, from every shard's (rows, ids)."""
+    ids = np.full(length, -1, np.int64)
+    for rows, part in answers:
+        ids[rows] = part
+    if (ids < 0).any():
+        raise AssertionError("a key of the window came back from no shard")
+    return ids
+
+
 def number_window(
     keys: np.ndarray, shards: Sequence[Shard], next_id: int
 ) -> tuple[KindIds, list[Shard]]:
@@ -120,16 +151,17 @@ def number_window(
     as dense_ids gives it against the union of the shards' stores, and the shards after the
     window. The steps a stream spreads over its shard keys, in their order."""
     count = len(shards)
-    firsts = [earliest(part) for part in shard_parts(keys, count)]
+    firsts, queries = window_parts(keys, count)
     judged = [new_in_shard(shard.seen, part) for shard, part in zip(shards, firsts)]
     new = number(np.concatenate([fresh for fresh, _ in judged]), next_id)
     fed = [
         Shard(seen, merged(shard.ids, numbered))
         for shard, (_, seen), numbered in zip(shards, judged, shard_parts(new, count))
     ]
-    ids = np.empty(len(keys), np.int64)
-    for shard, part in split_by(np.arange(len(keys)), shard_of(keys, count)):
-        ids[part] = ids_of(fed[shard].ids, keys[part])
+    ids = placed(
+        len(keys),
+        [(query.rows, ids_of(shard.ids, query.hashes)) for shard, query in zip(fed, queries)],
+    )
     unique = sum_unique(unique_totals(part) for part in firsts)
     return KindIds(ids, unique, new, len(new)), fed
 

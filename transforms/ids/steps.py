@@ -15,6 +15,9 @@ hold tonight's keys (segments.py); hashes the map knows keep their ids, only the
 numbered, from the map's next id. A night that rewrites the map (compaction) streams it whole
 instead, re-split by shard.
 
+A stream numbers each window through three keyed steps instead (SeenShard, NumberNew,
+ShardStore, below; id_shards.py): its map lives in (kind, shard) keys, never in one.
+
 One Beam element per batch and shard, never per block.
 """
 
@@ -59,6 +62,16 @@ from kvtrace.transforms.ids.dense_ids import (
     unique_totals,
 )
 from kvtrace.transforms.ids.id_map import write_segment_shard
+from kvtrace.transforms.ids.id_shards import (
+    InOrder,
+    Query,
+    empty_shard,
+    ids_of,
+    in_order,
+    merged,
+    new_in_shard,
+    shard_parts,
+)
 from kvtrace.transforms.ids.segments import SegmentFile, read_matching_files, read_segment
 from kvtrace.transforms.steps import CombineWith, metered
 
@@ -337,3 +350,100 @@ class WriteSegmentShard(beam.DoFn):
             list(groups["runs"]),
             list(groups["added"]),
         )
+
+
+# A stream's id map in hash-shard keys (id_shards.py): seen sets, then the numbering step, then
+# the stores it feeds, each keyed so that no key holds the map, each taking windows in their
+# published order (in_order) whatever order the runner delivers them in. Windows are numbered
+# 0, 1, ... by their place among the published ones.
+IDS, QUERY = "ids", "query"
+
+
+def _ordered(order: Any, window: int, item: object, needed: int) -> list[tuple[int, list]]:
+    """The windows now complete at a step, its order state advanced."""
+    state, taken = in_order(order.read() or InOrder(0, {}), window, item, needed)
+    order.write(state)
+    return taken
+
+
+class SeenShard(beam.DoFn):
+    """Keyed by (kind, shard): the shard's seen set. In: ((kind, shard), (window, its first
+    occurrences in the window: FIRST)); out: (kind, (window, those it had never seen)), one a
+    window for every shard, so the numbering step knows when it has the window."""
+
+    ORDER = ReadModifyWriteStateSpec("order", PickleCoder())
+    SEEN = ReadModifyWriteStateSpec("seen", PickleCoder())
+
+    def process(
+        self,
+        element: tuple[tuple[str, int], tuple[int, np.ndarray]],
+        order=beam.DoFn.StateParam(ORDER),
+        seen=beam.DoFn.StateParam(SEEN),
+    ) -> Iterator[tuple[str, tuple[int, np.ndarray]]]:
+        (kind, _), (window, firsts) = element
+        taken = _ordered(order, window, firsts, 1)
+        if taken:
+            hashes = seen.read()
+            hashes = empty_shard().seen if hashes is None else hashes
+            for taken_window, [part] in taken:
+                new, hashes = new_in_shard(hashes, part)
+                yield kind, (taken_window, new)
+            seen.write(hashes)
+
+
+class NumberNew(beam.DoFn):
+    """Keyed by kind: numbers a window's new first occurrences from every shard (the batch
+    job's order of first use) from the kind's next id. Out: each shard's new ids,
+    ((kind, shard), (window, IDS, NUMBERED)), and, tagged ADDED, (window, kind, every new id)."""
+
+    ADDED = "added"
+    ORDER = ReadModifyWriteStateSpec("order", PickleCoder())
+    NEXT_ID = ReadModifyWriteStateSpec("next_id", VarIntCoder())
+
+    def __init__(self, shards: int):
+        self._shards = shards
+
+    def process(
+        self,
+        element: tuple[str, tuple[int, np.ndarray]],
+        order=beam.DoFn.StateParam(ORDER),
+        next_id=beam.DoFn.StateParam(NEXT_ID),
+    ) -> Iterator[Any]:
+        kind, (window, new) = element
+        taken = _ordered(order, window, new, self._shards)
+        if taken:
+            first = next_id.read() or 0
+            for taken_window, parts in taken:
+                numbered = number(np.concatenate(parts), first)
+                first += len(numbered)
+                for shard, part in enumerate(shard_parts(numbered, self._shards)):
+                    yield (kind, shard), (taken_window, IDS, part)
+                yield beam.pvalue.TaggedOutput(self.ADDED, (taken_window, kind, numbered))
+            next_id.write(first)
+
+
+class ShardStore(beam.DoFn):
+    """Keyed by (kind, shard): the shard's id store. In: ((kind, shard), (window, IDS, its new
+    ids)) from NumberNew and ((kind, shard), (window, QUERY, Query)) from the window; out:
+    (window, (kind, the query's rows, their ids)) once it has both."""
+
+    ORDER = ReadModifyWriteStateSpec("order", PickleCoder())
+    STORE = ReadModifyWriteStateSpec("store", PickleCoder())
+
+    def process(
+        self,
+        element: tuple[tuple[str, int], tuple[int, str, Any]],
+        order=beam.DoFn.StateParam(ORDER),
+        store=beam.DoFn.StateParam(STORE),
+    ) -> Iterator[tuple[int, tuple[str, np.ndarray, np.ndarray]]]:
+        (kind, _), (window, tag, payload) = element
+        taken = _ordered(order, window, (tag, payload), 2)
+        if taken:
+            ids = store.read()
+            ids = empty_shard().ids if ids is None else ids
+            for taken_window, items in taken:
+                parts = dict(items)
+                ids = merged(ids, parts[IDS])
+                query: Query = parts[QUERY]
+                yield taken_window, (kind, query.rows, ids_of(ids, query.hashes))
+            store.write(ids)
