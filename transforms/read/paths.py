@@ -722,7 +722,8 @@ def sized_rows(
     max_row_bytes as JSON comes alone with no rows, the others in runs of at most
     max_row_bytes together, their dictionaries still undecoded (a lone row larger as JSON
     than counted may go over). The one way every reader reads Parquet rows: ValueError for a
-    group whose pages hold other than the rows its footer claims (_check_group_rows)."""
+    group whose pages hold other than the rows its footer claims (_check_group_rows), and no
+    row read past those its pages hold."""
     counted = _check_group_rows(raw, parquet, group, columns)
     group_read = group_reader(raw, parquet, group, columns)
     rows = max(1, min(batch_rows, max_row_bytes // max(group_read.dense_row_bytes, 1)))
@@ -765,12 +766,12 @@ def _check_group_rows(
 
 def _counted_column(parquet: pq.ParquetFile, columns: Collection[str] | None) -> int | None:
     """The leaf column a row group's rows are counted from, None when the file has none: one
-    that does not repeat where there is one (its page headers alone count its rows), one read
-    before one not (its page walk is shared with the read)."""
+    read before one not (the page checks walked its pages already), one that does not repeat
+    before one that does (its page headers alone count its rows)."""
     schema, read = parquet.schema, set(_read_columns(parquet, columns))
     return min(
         range(len(schema)),
-        key=lambda i: (schema.column(i).max_repetition_level > 0, i not in read),
+        key=lambda i: (i not in read, schema.column(i).max_repetition_level > 0),
         default=None,
     )
 

@@ -330,7 +330,8 @@ def test_a_row_group_whose_footer_claims_other_rows_than_its_pages_hold_is_refus
     tmp_path, claimed, columns
 ):
     """Arrow reads a group up to its footer's count: the rows its pages hold are counted from
-    them (a flat column's where there is one, read or not)."""
+    them, read or not (a list column's from its repetition levels when no flat one is
+    read)."""
     buffer = io.BytesIO()
     table = pa.table({"n": [1, 2, 3, 4, 5, 6], "ids": [[1, 2], [3], [], [4], [5, 6], [7]]})
     pq.write_table(table, buffer, row_group_size=3)
