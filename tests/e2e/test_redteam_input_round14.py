@@ -65,7 +65,6 @@ def _cli_within(seconds: float, *args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 14")
 def test_a_parquet_of_no_columns_claiming_rows_is_a_letter_not_an_abort(tiny_tokenizer, tmp_path):
     """Round 13 made a row group's rows counted from its pages (paths._check_group_rows, in
     sized_rows, "the one way every reader reads Parquet rows"): the footer's count is a claim.
@@ -84,7 +83,6 @@ def test_a_parquet_of_no_columns_claiming_rows_is_a_letter_not_an_abort(tiny_tok
     assert done.returncode in (0, 1, 2), done.stderr[-500:]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 14")
 def test_a_trace_parquet_claiming_rows_in_columns_not_read_is_refused_in_one_line(tmp_path):
     """The trace readers read only the trace's columns (read_parquet_within -> sized_rows with
     `columns`), and _check_group_rows counts a group's rows from one of the columns read. A

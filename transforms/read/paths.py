@@ -722,13 +722,17 @@ def sized_rows(
     max_row_bytes as JSON comes alone with no rows, the others in runs of at most
     max_row_bytes together, their dictionaries still undecoded (a lone row larger as JSON
     than counted may go over). The one way every reader reads Parquet rows: ValueError for a
-    group whose pages hold other than the rows its footer claims (_check_group_rows)."""
-    _check_group_rows(raw, parquet, group, columns)
+    group whose pages hold other than the rows its footer claims (_check_group_rows), and no
+    row read past those its pages hold."""
+    counted = _check_group_rows(raw, parquet, group, columns)
     group_read = group_reader(raw, parquet, group, columns)
     rows = max(1, min(batch_rows, max_row_bytes // max(group_read.dense_row_bytes, 1)))
     names = None if columns is None else [n for n in parquet.schema_arrow.names if n in columns]
     read = 0
-    for batch in group_read.reader.iter_batches(rows, row_groups=[group], columns=names):
+    # the rows counted are read, never past them to the footer's claim, which Arrow reads to
+    batches = group_read.reader.iter_batches(rows, row_groups=[group], columns=names)
+    while read < counted and (batch := next(batches, None)) is not None:
+        batch = batch.slice(0, counted - read)
         sizes = least_json_bytes(batch)
         for run in batches_by_weight(range(batch.num_rows), max_row_bytes, sizes.__getitem__):
             size = int(sizes[run].sum())
@@ -739,24 +743,37 @@ def sized_rows(
 
 def _check_group_rows(
     raw: IO[bytes], parquet: pq.ParquetFile, group: int, columns: Collection[str] | None
-) -> None:
-    """The row group's pages hold the rows its footer claims, counted from one column read
-    (one that does not repeat where there is one: its page headers alone count its rows); a
-    ValueError if not. Arrow reads a group up to its footer's count: rows past it would be
-    lost unseen (read = exported + rejected, whatever the footer claims)."""
-    schema = parquet.schema
-    read = _read_columns(parquet, columns)
-    index = min(read, key=lambda i: schema.column(i).max_repetition_level, default=None)
-    if index is None:
-        return
+) -> int:
+    """The rows the row group's pages hold, which its footer claims too (ValueError if not),
+    counted from one column chunk whether read or not (_counted_column): a group of no chunk
+    holds none. Arrow reads a group up to its footer's count: rows past the pages would be lost
+    unseen (read = exported + rejected), and a count no page confirms would be read as rows
+    of nothing, for as long as it claims."""
     row_group = parquet.metadata.row_group(group)
-    column = row_group.column(index)
-    rows = checked_levels(raw, column, schema.column(index).max_repetition_level).rows
+    index = _counted_column(parquet, columns)
+    rows, counted = 0, "no column"
+    if index is not None:
+        column = row_group.column(index)
+        repeats = parquet.schema.column(index).max_repetition_level
+        rows, counted = checked_levels(raw, column, repeats).rows, column.path_in_schema
     if rows != row_group.num_rows:
         raise ValueError(
-            f"row group {group}'s pages hold {rows} rows of {column.path_in_schema}, its "
-            f"footer claims {row_group.num_rows}"
+            f"row group {group}'s pages hold {rows} rows of {counted}, its footer claims "
+            f"{row_group.num_rows}"
         )
+    return rows
+
+
+def _counted_column(parquet: pq.ParquetFile, columns: Collection[str] | None) -> int | None:
+    """The leaf column a row group's rows are counted from, None when the file has none: one
+    read before one not (the page checks walked its pages already), one that does not repeat
+    before one that does (its page headers alone count its rows)."""
+    schema, read = parquet.schema, set(_read_columns(parquet, columns))
+    return min(
+        range(len(schema)),
+        key=lambda i: (i not in read, schema.column(i).max_repetition_level > 0),
+        default=None,
+    )
 
 
 def _largest_entry_bytes(raw: IO[bytes], metadata: pq.FileMetaData, group: int, column: str) -> int:
@@ -1392,16 +1409,24 @@ TRACE_BATCH_ROWS = 1 << 16
 
 
 def read_parquet_within(
-    path: str, max_row_bytes: int, columns: Collection[str], opened: IO[bytes] | None = None
+    path: str,
+    max_row_bytes: int,
+    columns: Collection[str],
+    opened: IO[bytes] | None = None,
+    required: Collection[str] = (),
 ) -> ParquetRows:
     """The named columns of a Parquet file (a trace's; opened: read from it), read as every
-    reader reads Parquet (sized_rows): the footer bounded and each row group's pages checked
-    first (ValueError saying why not), then each row sized before it is decoded, a row over
-    max_row_bytes as JSON left unread and reported. A string column stored as a dictionary
-    stays one (an entry is held once however many rows reference it: python_values converts
-    it once too); the rest is decoded a bounded run at a time."""
+    reader reads Parquet (sized_rows): the footer bounded, the columns `required` present and
+    each row group's pages checked first (ValueError saying why not), then each row sized
+    before it is decoded, a row over max_row_bytes as JSON left unread and reported. A string
+    column stored as a dictionary stays one (an entry is held once however many rows
+    reference it: python_values converts it once too); the rest is decoded a bounded run at a
+    time."""
     runs, numbers, oversized, first = [], [], [], 1
     with parquet_file(path, max_row_bytes, opened) as (raw, parquet):
+        # a file without them holds no row the caller can read, however many it holds
+        if missing := [name for name in required if name not in parquet.schema_arrow.names]:
+            raise ValueError(f"{path}: no {', '.join(missing)} column")
         for group in range(parquet.num_row_groups):
             if why := oversized_pages(raw, parquet.metadata, group, max_row_bytes, columns):
                 raise ValueError(why)

@@ -303,10 +303,11 @@ def _within_bound(
 
 def _read_parquet(path: str, opened: IO[bytes] | None = None) -> dict:
     """A Parquet trace (opened: read from it) with the checks a JSONL one gets: columns as they
-    are when well typed, else row by row, each bad row reported by its number."""
+    are when well typed, else row by row, each bad row reported by its number. A file without
+    an input_length column, every row of which would lack it, is refused whole, unread."""
     try:
         table, numbers, oversized = read_parquet_within(
-            path, MAX_TRACE_LINE_BYTES, READ_FIELDS, opened
+            path, MAX_TRACE_LINE_BYTES, READ_FIELDS, opened, required=(INPUT_LENGTH_FIELD,)
         )
     except (OSError, ValueError, pa.ArrowException) as err:
         return _columns_from_rows(

@@ -100,3 +100,13 @@ def test_nan_among_parquet_times_is_a_malformed_row(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "t.parquet")
     trace = read_trace([str(tmp_path / "t.parquet")])
     assert trace.timestamp.tolist() == [0.5] and trace.malformed[0]["line"] == 2
+
+
+def test_a_parquet_trace_without_an_input_length_column_is_refused_whole_unread(tmp_path):
+    """Each of its rows would lack the one field a row needs: the file is one malformed entry
+    saying so, its rows never read (a footer may claim any number of them)."""
+    pq.write_table(pa.table({"note": ["x", "y"]}), tmp_path / "t.parquet")
+    trace = read_trace([str(tmp_path / "t.parquet")])
+    assert (len(trace), trace.malformed_count) == (0, 1)
+    assert trace.malformed[0]["line"] == 0
+    assert "no input_length column" in trace.malformed[0]["error"]

@@ -325,12 +325,13 @@ def test_a_chunk_named_by_many_row_groups_is_walked_once(tmp_path):
 
 
 @pytest.mark.parametrize("claimed", [0, 2, 4])
-@pytest.mark.parametrize("columns", [("n", "ids"), ("ids",)])
+@pytest.mark.parametrize("columns", [("n", "ids"), ("ids",), ("absent",)])
 def test_a_row_group_whose_footer_claims_other_rows_than_its_pages_hold_is_refused(
     tmp_path, claimed, columns
 ):
     """Arrow reads a group up to its footer's count: the rows its pages hold are counted from
-    them (a list column's from its repetition levels when no flat one is read)."""
+    them, read or not (a list column's from its repetition levels when no flat one is
+    read)."""
     buffer = io.BytesIO()
     table = pa.table({"n": [1, 2, 3, 4, 5, 6], "ids": [[1, 2], [3], [], [4], [5, 6], [7]]})
     pq.write_table(table, buffer, row_group_size=3)
@@ -340,6 +341,36 @@ def test_a_row_group_whose_footer_claims_other_rows_than_its_pages_hold_is_refus
     path.write_bytes(with_parquet_footer(body, footer))
     with pytest.raises(ValueError, match=f"row group 1's pages hold 3 rows of .*claims {claimed}"):
         read_parquet_within(str(path), 1 << 20, columns)
+
+
+@pytest.mark.parametrize("claimed", [0, 5])
+def test_a_row_group_of_no_column_holds_no_row_whatever_its_footer_claims(tmp_path, claimed):
+    """A group of no column chunk has no page to count from: it holds no row, and a footer
+    claiming more is a damaged file, never a count Arrow reads rows of nothing to."""
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"a": [1]}), buffer, store_schema=False)
+    footer, _ = parquet_footer(buffer.getvalue())
+    group = thrift_field(footer, 4)[2][1][0]
+    thrift_field(footer, 2)[2] = (12, [[[4, 8, b"schema"], [5, 5, 0]]])  # the root alone
+    thrift_field(group, 1)[2] = (12, [])
+    footer = [field for field in footer if field[0] != 7]  # nor a column order
+    thrift_field(footer, 3)[2] = thrift_field(group, 3)[2] = claimed
+    thrift_field(group, 2)[2] = 0  # its bytes: none
+    path = tmp_path / "t.parquet"
+    path.write_bytes(with_parquet_footer(b"PAR1", footer))
+    if claimed:
+        with pytest.raises(ValueError, match=f"hold 0 rows of no column, .* claims {claimed}"):
+            read_parquet_within(str(path), 1 << 20, ["a"])
+    else:
+        assert read_parquet_within(str(path), 1 << 20, ["a"]).numbers.tolist() == []
+
+
+def test_a_file_without_a_column_required_is_refused_before_its_rows(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"note": ["x"]}), path)
+    with pytest.raises(ValueError, match="no input_length column"):
+        read_parquet_within(str(path), 1 << 20, ["input_length"], required=["input_length"])
+    assert read_parquet_within(str(path), 1 << 20, ["note"], required=["note"]).numbers == [1]
 
 
 def _six_rows_in_two_groups() -> tuple[list, bytes]:
