@@ -105,7 +105,6 @@ def test_a_trace_parquet_claiming_rows_in_columns_not_read_is_refused_in_one_lin
     assert done.returncode == 2 and len(said) == 1 and said[0].startswith("error:")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 14")
 def test_a_record_refused_unread_weighs_its_bytes_in_the_rejected_fraction(
     tiny_tokenizer, tmp_path
 ):

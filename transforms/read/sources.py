@@ -135,6 +135,8 @@ def _read_range(
                     reached = stored_position(stream, offset) - piece.start
                 if isinstance(line, Oversized):
                     yield _oversized(piece.path, offset, line, max_record_bytes)
+                    # Its letter weighs its bytes: a break after it must not weigh them again.
+                    reached = stored_position(stream, offset + line.size) - piece.start
                     continue
                 if offset == 0 and line.startswith(BOM):
                     line = line[len(BOM) :]
@@ -198,12 +200,15 @@ def _damaged_tail(
 
 
 def _oversized(path: str, offset: int, line: Oversized, max_record_bytes: int) -> DeadLetter:
+    """A line refused unread weighs its bytes (decoded ones: unread_bytes' rule), however many
+    records it would have held (a writer that left out the newlines)."""
     return DeadLetter(
         path,
         line.excerpt,
         "too_large",
         f"record at byte {offset} is {line.size} bytes, over --max-record-bytes "
         f"{max_record_bytes}; `line` holds its first bytes only",
+        lost_bytes=line.size,
     )
 
 
@@ -418,9 +423,11 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             withhold=options.withholds(line, record),
         )
     value = None if is_line else record  # the record decoded, once it is
+    decoded = not is_line
     try:
         if is_line:
             value, check_strings = decode_value(line, options)
+            decoded = True
             return request_from_object(object_of(value), line, source, options, check_strings)
         if not isinstance(record, dict):
             raise Rejected("not_an_object", f"a {type(record).__name__}, not an object")
@@ -430,4 +437,9 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
     except UNANTICIPATED as err:
         failed = unanticipated(err)
         reason, message = failed.reason, failed.message
-    return DeadLetter(source, line, reason, message, withhold=options.withholds(line, value))
+    # A line that decoded to no value weighs its bytes: how many records they held is unknown
+    # (bytes that were never text split at every 0x0a), so one letter must not stand for them.
+    lost = 0 if decoded else len(line)
+    return DeadLetter(
+        source, line, reason, message, lost_bytes=lost, withhold=options.withholds(line, value)
+    )

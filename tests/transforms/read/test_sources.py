@@ -400,7 +400,8 @@ def test_oversized_records_become_dead_letters_with_an_excerpt(tmp_path):
     )
 
     def check_letters(letters):
-        assert [reason for reason, _, _, _ in letters] == ["too_large"]
+        # Refused unread, it weighs its bytes (its newline included) on the Beam engine too.
+        assert [(reason, lost) for reason, _, _, lost in letters] == [("too_large", 10_015)]
 
     check_read(
         [path],
@@ -575,6 +576,61 @@ def test_a_gzip_damaged_in_its_first_block_weighs_the_whole_file(tmp_path):
     [letter] = read_range(FileRange(str(path), 0, None), 1 << 20)
     assert letter.reason == "damaged_file"
     assert letter.lost_bytes == len(data)
+
+
+def test_a_line_refused_unread_weighs_its_bytes_however_many_records_it_holds(tmp_path):
+    """A writer that left out the newlines: one too_large letter, weighing every byte of the
+    line (its newline included), as a row group refused unread weighs its stored bytes."""
+    joined = b"".join(LINES)
+    path = tmp_path / "logs.jsonl"
+    path.write_bytes(LINES[0] + b"\n" + joined + b"\n" + LINES[1] + b"\n")
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 16))
+    [letter] = [item for item in read if isinstance(item, DeadLetter)]
+    assert letter.reason == "too_large"
+    assert letter.lost_bytes == len(joined) + 1
+    assert len(read) == 3
+
+
+def test_a_line_refused_unread_before_a_break_is_weighed_once(tmp_path):
+    """An oversized line the compressed stream breaks off in: its letter weighs its decoded
+    bytes, and the break's letter none of them again (nothing was read past it)."""
+    cut = os.urandom(150_000).hex().encode()  # incompressible: its stored bytes are many
+    data = gzip.compress(LINES[0] + b"\n" + cut + b"\n" + LINES[1] + b"\n")
+    path = tmp_path / "logs.jsonl.gz"
+    path.write_bytes(data[: len(data) * 3 // 4])
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 16))
+    oversized, broken = [item for item in read if isinstance(item, DeadLetter)]
+    assert (oversized.reason, broken.reason) == ("too_large", "damaged_file")
+    assert 0 < oversized.lost_bytes < len(cut)
+    assert broken.lost_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "reason", "lost"),
+    [
+        (b"{broken", "invalid_json", 7),
+        (b"\x1f\x8b\x08\x00\xff\xfe", "invalid_utf8", 6),
+        (b"null", "not_an_object", 0),  # decoded: one record, weighed as one
+        (b'{"timestamp": 1}', "no_input", 0),
+    ],
+)
+def test_a_line_that_decoded_to_no_value_weighs_its_bytes(line, reason, lost):
+    """Bytes that never became a JSON value (a compressed run read as text splits at every
+    0x0a) may have held any number of records: the letter weighs them; a decoded record
+    refused for what it holds weighs one record, no byte."""
+    from kvtrace.transforms.read.sources import parse_one
+
+    letter = parse_one("logs.jsonl", line, ParseOptions())
+    assert (letter.reason, letter.lost_bytes) == (reason, lost)
+
+
+def test_a_parquet_row_refused_weighs_no_byte_its_group_may_weigh():
+    """A Parquet row was decoded: its letter weighs one record, so a group's letter weighing the
+    group's bytes never counts them twice."""
+    from kvtrace.transforms.read.sources import parse_one
+
+    letter = parse_one("logs.parquet", {"timestamp": 1}, ParseOptions())
+    assert (letter.reason, letter.lost_bytes) == ("no_input", 0)
 
 
 def test_a_parquet_cut_short_weighs_the_whole_file(tmp_path):
