@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter, shown_name
 from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
-from kvtrace.transforms.read.decompress import input_name
+from kvtrace.transforms.read.decompress import PLAIN_SUFFIX, content_form, input_name
 from kvtrace.transforms.read.numbers import row_reader
 from kvtrace.transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
@@ -127,6 +127,10 @@ def _read_range(
     reached = 0  # the range's bytes as stored that records handed on were decoded from
     held: tuple[int, bytes] | None = None  # the last line, held until we know it is whole
     try:
+        if not compression_of(piece.path) and (form := misnamed_form(piece.path)):
+            if piece.start == 0:  # the file's one letter, whichever worker reads its first range
+                yield _misnamed(piece.path, form)
+            return
         with open_stream(piece.path) as stream:
             for offset, line in read_lines(stream, piece.start, piece.end, max_record_bytes):
                 if held is not None:
@@ -161,6 +165,27 @@ def _read_range(
             f"file unreadable after byte {offset}: {err}",
             lost_bytes=unread_bytes(_range_stored_bytes(piece), reached),
         )
+
+
+def misnamed_form(path: str) -> str | None:
+    """The suffix of the form a file under a plain name holds when it is not plain JSONL
+    (decompress.content_form, the check standard input's form is decided by), else None."""
+    form = content_form(lambda: open_raw(path))
+    return None if form == PLAIN_SUFFIX else form
+
+
+def _misnamed(path: str, form: str) -> DeadLetter:
+    """The one letter of a file whose name says plain JSONL and whose bytes are another form:
+    read as its name says, never guessed from its bytes, it is refused whole, weighing every
+    byte (read as text, its compressed runs would be letters weighing one record each)."""
+    return DeadLetter(
+        path,
+        b"",
+        DAMAGED_FILE,
+        f"not read: its name says plain JSONL, its bytes are a {form} file; rename it to "
+        f"end in {form}",
+        lost_bytes=unread_bytes(_range_stored_bytes(FileRange(path, 0, None)), 0),
+    )
 
 
 def unread_bytes(stored: int, reached: int, partial: int = 0) -> int:

@@ -633,6 +633,51 @@ def test_a_parquet_row_refused_weighs_no_byte_its_group_may_weigh():
     assert (letter.reason, letter.lost_bytes) == ("no_input", 0)
 
 
+def _parquet_bytes(lines: list[bytes]) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"line": [line.decode() for line in lines]}), buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("form", "stored"),
+    [
+        (".jsonl.gz", lambda data: gzip.compress(data, mtime=0)),
+        (".jsonl.bz2", bz2.compress),
+        (".jsonl.xz", lzma.compress),
+        (".jsonl.zst", zstandard.ZstdCompressor().compress),
+        (".parquet", lambda _: _parquet_bytes(LINES)),
+    ],
+)
+def test_another_form_under_a_plain_name_is_one_letter_weighing_the_whole_file(
+    tmp_path, form, stored
+):
+    """Read as its name says, never guessed from its bytes: a compressed log (or a Parquet
+    file) named .jsonl is refused whole, one damaged_file letter naming the name it needs,
+    weighing every stored byte, however its ranges are split among workers."""
+    data = stored(b"".join(line + b"\n" for line in LINES))
+    path = tmp_path / "rotated.jsonl"
+    path.write_bytes(data)
+    read = [
+        item
+        for piece in file_ranges(str(path), len(data), len(data) // 3 + 1)
+        for item in read_range(piece, 1 << 20)
+    ]
+    [letter] = read
+    assert letter.reason == "damaged_file" and form in letter.message
+    assert letter.lost_bytes == len(data)
+
+
+@pytest.mark.parametrize("head", [b"", b"\x1f\x8b\x08 a damaged first line\n"])
+def test_a_plain_file_is_read_as_plain_whatever_its_first_line_starts_like(tmp_path, head):
+    """Only bytes another form's reader takes are another form: a first line that merely
+    starts like gzip's magic is a plain file's record (parse_one's letter), its file read on."""
+    path = tmp_path / "logs.jsonl"
+    path.write_bytes(head + b"".join(line + b"\n" for line in LINES[:3]))
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    assert [line for _, line in read] == [head.rstrip(b"\n")] * bool(head) + LINES[:3]
+
+
 def test_a_parquet_cut_short_weighs_the_whole_file(tmp_path):
     path = tmp_path / "logs.parquet"
     pq.write_table(pa.table({"timestamp": list(range(500)), "prompt": ["p"] * 500}), path)
