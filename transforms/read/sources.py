@@ -5,8 +5,10 @@ Plain JSONL is read in byte ranges, so one large file keeps every worker busy; a
 is one range (compressed streams cannot be entered midway). A UTF-8 byte order mark opening a
 file is skipped. A file that ends early or is corrupt is never exported silently partial: the
 records before the damage go on, and the file itself becomes a dead letter naming where it broke
-(decompressed byte offset, or Parquet row group). Every record is bounded before it is decoded
-(paths.py; docs/BOUNDS.md): what exceeds --max-record-bytes is a too_large dead letter.
+(decompressed byte offset, or Parquet row group). A file is read as its name says: compressed
+or Parquet bytes under a plain name are refused whole (misnamed_form). Every record is bounded
+before it is decoded (paths.py; docs/BOUNDS.md): what exceeds --max-record-bytes is a too_large
+dead letter.
 """
 
 from __future__ import annotations
@@ -125,9 +127,11 @@ def _read_range(
         return
     offset = piece.start
     reached = 0  # the range's bytes as stored that records handed on were decoded from
+    compressed = compression_of(piece.path) is not None
+    weighed = 0  # what the range's oversized lines weighed as lost
     held: tuple[int, bytes] | None = None  # the last line, held until we know it is whole
     try:
-        if not compression_of(piece.path) and (form := misnamed_form(piece.path)):
+        if not compressed and (form := misnamed_form(piece.path)):
             if piece.start == 0:  # the file's one letter, whichever worker reads its first range
                 yield _misnamed(piece.path, form)
             return
@@ -138,8 +142,15 @@ def _read_range(
                     held = None
                     reached = stored_position(stream, offset) - piece.start
                 if isinstance(line, Oversized):
-                    yield _oversized(piece.path, offset, line, max_record_bytes)
-                    # Its letter weighs its bytes: a break after it must not weigh them again.
+                    # Its letter weighs its bytes; a compressed file's stored bytes cannot be
+                    # placed per line (its decoder reads ahead), so its decoded ones, never more
+                    # in all than the range holds as stored (the gate divides by those).
+                    lost = line.size
+                    if compressed:
+                        lost = min(lost, _range_stored_bytes(piece) - weighed)
+                    weighed += lost
+                    yield _oversized(piece.path, offset, line, max_record_bytes, lost)
+                    # A break after it must not weigh its bytes again.
                     reached = stored_position(stream, offset + line.size) - piece.start
                     continue
                 if offset == 0 and line.startswith(BOM):
@@ -224,16 +235,18 @@ def _damaged_tail(
     )
 
 
-def _oversized(path: str, offset: int, line: Oversized, max_record_bytes: int) -> DeadLetter:
-    """A line refused unread weighs its bytes (decoded ones: unread_bytes' rule), however many
-    records it would have held (a writer that left out the newlines)."""
+def _oversized(
+    path: str, offset: int, line: Oversized, max_record_bytes: int, stored: int
+) -> DeadLetter:
+    """A line refused unread weighs its bytes (`stored`, as _read_range places them), however
+    many records it would have held (a writer that left out the newlines)."""
     return DeadLetter(
         path,
         line.excerpt,
         "too_large",
         f"record at byte {offset} is {line.size} bytes, over --max-record-bytes "
         f"{max_record_bytes}; `line` holds its first bytes only",
-        lost_bytes=line.size,
+        lost_bytes=max(stored, 0),
     )
 
 
@@ -448,11 +461,9 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             withhold=options.withholds(line, record),
         )
     value = None if is_line else record  # the record decoded, once it is
-    decoded = not is_line
     try:
         if is_line:
             value, check_strings = decode_value(line, options)
-            decoded = True
             return request_from_object(object_of(value), line, source, options, check_strings)
         if not isinstance(record, dict):
             raise Rejected("not_an_object", f"a {type(record).__name__}, not an object")
@@ -462,9 +473,4 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
     except UNANTICIPATED as err:
         failed = unanticipated(err)
         reason, message = failed.reason, failed.message
-    # A line that decoded to no value weighs its bytes: how many records they held is unknown
-    # (bytes that were never text split at every 0x0a), so one letter must not stand for them.
-    lost = 0 if decoded else len(line)
-    return DeadLetter(
-        source, line, reason, message, lost_bytes=lost, withhold=options.withholds(line, value)
-    )
+    return DeadLetter(source, line, reason, message, withhold=options.withholds(line, value))

@@ -54,8 +54,8 @@ class RecordCounts:
     read: int
     rejected: int
     # Input bytes that became no record (dead_letters.DeadLetter.lost_bytes: a damaged file's
-    # rest, a line refused unread or never decoded), and all input bytes as stored: one letter
-    # may stand for many records' bytes.
+    # rest, a file or line refused unread), and all input bytes as stored: one letter may stand
+    # for many records' bytes.
     lost_bytes: int = 0
     input_bytes: int = 0
     # (reason, count) of the rejected records, commonest first: the operator's summary says them.

@@ -592,8 +592,8 @@ def test_a_line_refused_unread_weighs_its_bytes_however_many_records_it_holds(tm
 
 
 def test_a_line_refused_unread_before_a_break_is_weighed_once(tmp_path):
-    """An oversized line the compressed stream breaks off in: its letter weighs its decoded
-    bytes, and the break's letter none of them again (nothing was read past it)."""
+    """An oversized line the compressed stream breaks off in: its letter weighs its bytes as
+    stored, and the break's letter none of them again (nothing was read past it)."""
     cut = os.urandom(150_000).hex().encode()  # incompressible: its stored bytes are many
     data = gzip.compress(LINES[0] + b"\n" + cut + b"\n" + LINES[1] + b"\n")
     path = tmp_path / "logs.jsonl.gz"
@@ -601,36 +601,43 @@ def test_a_line_refused_unread_before_a_break_is_weighed_once(tmp_path):
     read = list(read_range(FileRange(str(path), 0, None), 1 << 16))
     oversized, broken = [item for item in read if isinstance(item, DeadLetter)]
     assert (oversized.reason, broken.reason) == ("too_large", "damaged_file")
-    assert 0 < oversized.lost_bytes < len(cut)
+    assert 0 < oversized.lost_bytes <= path.stat().st_size
     assert broken.lost_bytes == 0
 
 
+def test_a_compressed_line_refused_unread_weighs_its_stored_bytes_not_its_decoded_ones(tmp_path):
+    """The gate divides by bytes as stored: two lines of 15 MB of one byte in a 30 KB gzip
+    weigh the file at most, together, so --max-rejected-fraction 1 still means no bound."""
+    big = b"x" * 15_000_000 + b"\n"
+    data = gzip.compress(LINES[0] + b"\n" + big + LINES[1] + b"\n" + big)
+    path = tmp_path / "logs.jsonl.gz"
+    path.write_bytes(data)
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 16))
+    letters = [item for item in read if isinstance(item, DeadLetter)]
+    assert [letter.reason for letter in letters] == ["too_large"] * 2
+    assert sum(letter.lost_bytes for letter in letters) == len(data)
+    assert len(read) == 4
+
+
 @pytest.mark.parametrize(
-    ("line", "reason", "lost"),
+    ("record", "reason"),
     [
-        (b"{broken", "invalid_json", 7),
-        (b"\x1f\x8b\x08\x00\xff\xfe", "invalid_utf8", 6),
-        (b"null", "not_an_object", 0),  # decoded: one record, weighed as one
-        (b'{"timestamp": 1}', "no_input", 0),
+        (b"{broken", "invalid_json"),
+        (b"\xff\xfe", "invalid_utf8"),
+        (b'{"timestamp": 1}', "no_input"),
+        ({"timestamp": 1}, "no_input"),  # a Parquet row
     ],
 )
-def test_a_line_that_decoded_to_no_value_weighs_its_bytes(line, reason, lost):
-    """Bytes that never became a JSON value (a compressed run read as text splits at every
-    0x0a) may have held any number of records: the letter weighs them; a decoded record
-    refused for what it holds weighs one record, no byte."""
+def test_a_record_read_then_refused_weighs_one_record_and_no_byte(record, reason):
+    """A record handed on by its reader was read: its letter weighs one record. Its bytes are
+    decoded ones, which in a compressed file outweigh the stored bytes the gate divides by
+    (4 KB junk lines in a gzip weighed 40 x its input), and a Parquet row's are its group's,
+    which a broken group weighs already: what was never read is weighed where it is refused
+    (a line unread, a file of another form, a group), in stored bytes."""
     from kvtrace.transforms.read.sources import parse_one
 
-    letter = parse_one("logs.jsonl", line, ParseOptions())
-    assert (letter.reason, letter.lost_bytes) == (reason, lost)
-
-
-def test_a_parquet_row_refused_weighs_no_byte_its_group_may_weigh():
-    """A Parquet row was decoded: its letter weighs one record, so a group's letter weighing the
-    group's bytes never counts them twice."""
-    from kvtrace.transforms.read.sources import parse_one
-
-    letter = parse_one("logs.parquet", {"timestamp": 1}, ParseOptions())
-    assert (letter.reason, letter.lost_bytes) == ("no_input", 0)
+    letter = parse_one("logs.jsonl", record, ParseOptions())
+    assert (letter.reason, letter.lost_bytes) == (reason, 0)
 
 
 def _parquet_bytes(lines: list[bytes]) -> bytes:
