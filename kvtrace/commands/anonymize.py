@@ -1034,12 +1034,12 @@ def _print_summary(config: Any, run: Any, records: dict[str, Any], seconds: floa
         *(
             [
                 (
-                    "damaged",
-                    f"{records['damaged_files']:,} file(s) broke off, "
-                    f"{records['lost_bytes']:,} bytes lost",
+                    "lost",
+                    f"{records['lost_bytes']:,} input bytes became no record, "
+                    f"{records['damaged_files']:,} damaged file(s) among them",
                 )
             ]
-            if records["damaged_files"]
+            if records["lost_bytes"] or records["damaged_files"]
             else []
         ),
         (

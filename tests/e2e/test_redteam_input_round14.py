@@ -11,10 +11,19 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, anonymize, chat, parquet_footer, thrift_field, with_parquet_footer
+from helpers import (
+    ROOT,
+    anonymize,
+    chat,
+    parquet_footer,
+    published_letters,
+    thrift_field,
+    with_parquet_footer,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +112,6 @@ def test_a_trace_parquet_claiming_rows_in_columns_not_read_is_refused_in_one_lin
     assert done.returncode == 2 and len(said) == 1 and said[0].startswith("error:")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 14")
 def test_a_record_refused_unread_weighs_its_bytes_in_the_rejected_fraction(
     tiny_tokenizer, tmp_path
 ):
@@ -124,7 +132,6 @@ def test_a_record_refused_unread_weighs_its_bytes_in_the_rejected_fraction(
     assert code != 0 and not (out / "manifest.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 14")
 def test_a_compressed_log_under_a_plain_name_weighs_its_bytes_in_the_rejected_fraction(
     tiny_tokenizer, tmp_path
 ):
@@ -132,9 +139,14 @@ def test_a_compressed_log_under_a_plain_name_weighs_its_bytes_in_the_rejected_fr
     bytes: a gzip log saved under a plain .jsonl name (a rotation that compressed in place) is
     read as text, each run of its compressed bytes between two 0x0a bytes an invalid_utf8 or
     invalid_json letter. Its 5,000 requests (33 KB) become ~110 "records", beside 300 good
-    ones (60 KB): "~410 read = 300 exported + ~110 rejected", ~27% under the default 0.5, and the
-    night publishes 300 of its 5,300 requests, exit 0. A third of the input's bytes decoded to
-    no record at all must weigh a third, and five sixths of its requests were in them."""
+    ones (60 KB): "~410 read = 300 exported + ~110 rejected", ~27% by records, 0 bytes lost,
+    and the night publishes 300 of its 5,300 requests. A third of the input's bytes decoded to
+    no record at all must weigh a third, and five sixths of its requests were in them.
+
+    Fixed (docs/BOUNDS.md): a file is read as its name says; bytes of another form under a
+    plain name are one damaged_file letter weighing the whole file, never junk records. At
+    the default 0.5 the night publishes its 300 (35.6% of bytes lost, said in the summary); a
+    bound between the junk's 27% by records and the file's 35.6% by bytes refuses it."""
     import gzip
 
     good = [json.dumps(chat(i, 1_000 * i)) + "\n" for i in range(300)]
@@ -143,5 +155,10 @@ def test_a_compressed_log_under_a_plain_name_weighs_its_bytes_in_the_rejected_fr
     (tmp_path / "rotated.jsonl").write_bytes(gzip.compress("".join(rotated).encode(), mtime=0))
     out = tmp_path / "out"
     inputs = [tmp_path / "good.jsonl", tmp_path / "rotated.jsonl"]
-    code = anonymize(tiny_tokenizer, inputs, out, "--quiet")
+    code = anonymize(tiny_tokenizer, inputs, out, "--quiet", "--max-rejected-fraction", "0.3")
     assert code != 0 and not (out / "manifest.json").exists()
+
+    assert anonymize(tiny_tokenizer, inputs, out, "--quiet") == 0
+    [letter] = [json.loads(line) for line in published_letters(Path(f"{out}-rejected")).open()]
+    assert letter["error"] == "damaged_file" and letter["source"].endswith("rotated.jsonl")
+    assert letter["lost_bytes"] == (tmp_path / "rotated.jsonl").stat().st_size

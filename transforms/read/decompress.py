@@ -27,7 +27,7 @@ import shutil
 import sys
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from kvtrace.transforms import storage
@@ -205,33 +205,37 @@ def form_name(path: str) -> str:
 
 
 def standard_input_form(path: str) -> str:
-    """The suffix of the form the whole file at path is, as the readers check it: Parquet when
-    framed as Parquet (its footer left to the reader's bounds); a compressed log when its codec's decoder returns bytes, or ends cleanly,
-    before any damage (gzip and bzip2 check their headers, xz and zstd their stream and frame
-    headers, zstd skippable frames included); else plain JSONL, whose bad lines are letters.
-    A damaged first line that merely starts like a magic number is thus JSONL, as its file is."""
-    if not os.path.getsize(path):
-        return PLAIN_SUFFIX  # every codec's decoder ends cleanly on nothing
-    if _is_parquet(path):
-        return PARQUET_SUFFIX
+    """The suffix of the form the whole file at path is, as the readers check it (content_form)."""
+    return content_form(lambda: open(path, "rb"))
+
+
+def content_form(open_stored: Callable[[], IO[bytes]]) -> str:
+    """The suffix of the form a file's content is, told by its bytes alone (open_stored opens
+    them, seekable, as stored, once a form): Parquet when framed as Parquet (its footer left
+    to the reader's bounds); a compressed log when its codec's decoder returns bytes, or ends
+    cleanly, before any damage (gzip and bzip2 check their headers, xz and zstd their stream
+    and frame headers, zstd skippable frames included); else plain JSONL, whose bad lines are
+    letters. A damaged first line that merely starts like a magic number is thus JSONL, as its
+    file is; so is an empty file (every codec's decoder ends cleanly on nothing)."""
+    with open_stored() as raw:
+        if not raw.read(1):
+            return PLAIN_SUFFIX
+        if _is_parquet(raw):
+            return PARQUET_SUFFIX
     for codec, suffix in CODEC_SUFFIXES.items():
-        if _decodes_as(path, codec):
-            return suffix
+        with DecodedStream(open_stored(), codec) as decoded:
+            if decoded.read(1) or decoded.broken is None:
+                return suffix
     return PLAIN_SUFFIX
 
 
-def _decodes_as(path: str, codec: str) -> bool:
-    with DecodedStream(open(path, "rb"), codec) as decoded:
-        return bool(decoded.read(1)) or decoded.broken is None
-
-
-def _is_parquet(path: str) -> bool:
+def _is_parquet(raw: IO[bytes]) -> bool:
     """Whether the file is framed as Parquet (parquet_frame.framed_as_parquet: its magic at
     both ends, a footer length that fits). Its footer is left to the Parquet reader, which
     bounds it by --max-record-bytes before Arrow parses it: a damaged or oversized footer is
     that reader's dead letter, never parsed here unbounded in the CLI's process."""
-    with open(path, "rb") as raw:
-        return framed_as_parquet(raw)
+    raw.seek(0)
+    return framed_as_parquet(raw)
 
 
 @contextlib.contextmanager

@@ -5,8 +5,10 @@ Plain JSONL is read in byte ranges, so one large file keeps every worker busy; a
 is one range (compressed streams cannot be entered midway). A UTF-8 byte order mark opening a
 file is skipped. A file that ends early or is corrupt is never exported silently partial: the
 records before the damage go on, and the file itself becomes a dead letter naming where it broke
-(decompressed byte offset, or Parquet row group). Every record is bounded before it is decoded
-(paths.py; docs/BOUNDS.md): what exceeds --max-record-bytes is a too_large dead letter.
+(decompressed byte offset, or Parquet row group). A file is read as its name says: compressed
+or Parquet bytes under a plain name are refused whole (misnamed_form). Every record is bounded
+before it is decoded (paths.py; docs/BOUNDS.md): what exceeds --max-record-bytes is a too_large
+dead letter.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pyarrow.parquet as pq
 
 from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter, shown_name
 from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
-from kvtrace.transforms.read.decompress import input_name
+from kvtrace.transforms.read.decompress import PLAIN_SUFFIX, content_form, input_name
 from kvtrace.transforms.read.numbers import row_reader
 from kvtrace.transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
@@ -126,8 +128,14 @@ def _read_range(
         return
     offset = piece.start
     reached = 0  # the range's bytes as stored that records handed on were decoded from
+    compressed = compression_of(piece.path) is not None
+    weighed = 0  # what the range's oversized lines weighed as lost
     held: tuple[int, bytes] | None = None  # the last line, held until we know it is whole
     try:
+        if not compressed and (form := misnamed_form(piece.path)):
+            if piece.start == 0:  # the file's one letter, whichever worker reads its first range
+                yield _misnamed(piece.path, form)
+            return
         with open_stream(piece.path) as stream:
             for offset, line in read_lines(stream, piece.start, piece.end, max_record_bytes):
                 if held is not None:
@@ -135,7 +143,16 @@ def _read_range(
                     held = None
                     reached = stored_position(stream, offset) - piece.start
                 if isinstance(line, Oversized):
-                    yield _oversized(piece.path, offset, line, max_record_bytes)
+                    # Its letter weighs its bytes; a compressed file's stored bytes cannot be
+                    # placed per line (its decoder reads ahead), so its decoded ones, never more
+                    # in all than the range holds as stored (the gate divides by those).
+                    lost = line.size
+                    if compressed:
+                        lost = min(lost, _range_stored_bytes(piece) - weighed)
+                    weighed += lost
+                    yield _oversized(piece.path, offset, line, max_record_bytes, lost)
+                    # A break after it must not weigh its bytes again.
+                    reached = stored_position(stream, offset + line.size) - piece.start
                     continue
                 if offset == 0 and line.startswith(BOM):
                     line = line[len(BOM) :]
@@ -160,6 +177,27 @@ def _read_range(
             f"file unreadable after byte {offset}: {err}",
             lost_bytes=unread_bytes(_range_stored_bytes(piece), reached),
         )
+
+
+def misnamed_form(path: str) -> str | None:
+    """The suffix of the form a file under a plain name holds when it is not plain JSONL
+    (decompress.content_form, the check standard input's form is decided by), else None."""
+    form = content_form(lambda: open_raw(path))
+    return None if form == PLAIN_SUFFIX else form
+
+
+def _misnamed(path: str, form: str) -> DeadLetter:
+    """The one letter of a file whose name says plain JSONL and whose bytes are another form:
+    read as its name says, never guessed from its bytes, it is refused whole, weighing every
+    byte (read as text, its compressed runs would be letters weighing one record each)."""
+    return DeadLetter(
+        path,
+        b"",
+        DAMAGED_FILE,
+        f"not read: its name says plain JSONL, its bytes are a {form} file; rename it to "
+        f"end in {form}",
+        lost_bytes=unread_bytes(_range_stored_bytes(FileRange(path, 0, None)), 0),
+    )
 
 
 def unread_bytes(stored: int, reached: int, partial: int = 0) -> int:
@@ -198,13 +236,18 @@ def _damaged_tail(
     )
 
 
-def _oversized(path: str, offset: int, line: Oversized, max_record_bytes: int) -> DeadLetter:
+def _oversized(
+    path: str, offset: int, line: Oversized, max_record_bytes: int, stored: int
+) -> DeadLetter:
+    """A line refused unread weighs its bytes (`stored`, as _read_range places them), however
+    many records it would have held (a writer that left out the newlines)."""
     return DeadLetter(
         path,
         line.excerpt,
         "too_large",
         f"record at byte {offset} is {line.size} bytes, over --max-record-bytes "
         f"{max_record_bytes}; `line` holds its first bytes only",
+        lost_bytes=max(stored, 0),
     )
 
 

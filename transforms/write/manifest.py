@@ -53,8 +53,9 @@ KVTRACE_VERSION = _installed_version()  # what every manifest records, and --ver
 class RecordCounts:
     read: int
     rejected: int
-    # Bytes of damaged files that became no record (dead_letters.DeadLetter.lost_bytes), and all
-    # input bytes as stored: a file cut in its middle loses bytes, not only one record.
+    # Input bytes that became no record (dead_letters.DeadLetter.lost_bytes: a damaged file's
+    # rest, a file or line refused unread), and all input bytes as stored: one letter may stand
+    # for many records' bytes.
     lost_bytes: int = 0
     input_bytes: int = 0
     # (reason, count) of the rejected records, commonest first: the operator's summary says them.
@@ -107,7 +108,7 @@ def check_rejected_fraction(
     )
     reasons_said = ", ".join(f"{reason} {count}" for reason, count in top) or "none recorded"
     lost = (
-        f", {counts.lost_bytes} of {counts.input_bytes} bytes lost in damaged files"
+        f", {counts.lost_bytes} of {counts.input_bytes} input bytes became no record"
         if counts.lost_bytes
         else ""
     )

@@ -400,7 +400,8 @@ def test_oversized_records_become_dead_letters_with_an_excerpt(tmp_path):
     )
 
     def check_letters(letters):
-        assert [reason for reason, _, _, _ in letters] == ["too_large"]
+        # Refused unread, it weighs its bytes (its newline included) on the Beam engine too.
+        assert [(reason, lost) for reason, _, _, lost in letters] == [("too_large", 10_015)]
 
     check_read(
         [path],
@@ -575,6 +576,113 @@ def test_a_gzip_damaged_in_its_first_block_weighs_the_whole_file(tmp_path):
     [letter] = read_range(FileRange(str(path), 0, None), 1 << 20)
     assert letter.reason == "damaged_file"
     assert letter.lost_bytes == len(data)
+
+
+def test_a_line_refused_unread_weighs_its_bytes_however_many_records_it_holds(tmp_path):
+    """A writer that left out the newlines: one too_large letter, weighing every byte of the
+    line (its newline included), as a row group refused unread weighs its stored bytes."""
+    joined = b"".join(LINES)
+    path = tmp_path / "logs.jsonl"
+    path.write_bytes(LINES[0] + b"\n" + joined + b"\n" + LINES[1] + b"\n")
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 16))
+    [letter] = [item for item in read if isinstance(item, DeadLetter)]
+    assert letter.reason == "too_large"
+    assert letter.lost_bytes == len(joined) + 1
+    assert len(read) == 3
+
+
+def test_a_line_refused_unread_before_a_break_is_weighed_once(tmp_path):
+    """An oversized line the compressed stream breaks off in: its letter weighs its bytes as
+    stored, and the break's letter none of them again (nothing was read past it)."""
+    cut = os.urandom(150_000).hex().encode()  # incompressible: its stored bytes are many
+    data = gzip.compress(LINES[0] + b"\n" + cut + b"\n" + LINES[1] + b"\n")
+    path = tmp_path / "logs.jsonl.gz"
+    path.write_bytes(data[: len(data) * 3 // 4])
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 16))
+    oversized, broken = [item for item in read if isinstance(item, DeadLetter)]
+    assert (oversized.reason, broken.reason) == ("too_large", "damaged_file")
+    assert 0 < oversized.lost_bytes <= path.stat().st_size
+    assert broken.lost_bytes == 0
+
+
+def test_a_compressed_line_refused_unread_weighs_its_stored_bytes_not_its_decoded_ones(tmp_path):
+    """The gate divides by bytes as stored: two lines of 15 MB of one byte in a 30 KB gzip
+    weigh the file at most, together, so --max-rejected-fraction 1 still means no bound."""
+    big = b"x" * 15_000_000 + b"\n"
+    data = gzip.compress(LINES[0] + b"\n" + big + LINES[1] + b"\n" + big)
+    path = tmp_path / "logs.jsonl.gz"
+    path.write_bytes(data)
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 16))
+    letters = [item for item in read if isinstance(item, DeadLetter)]
+    assert [letter.reason for letter in letters] == ["too_large"] * 2
+    assert sum(letter.lost_bytes for letter in letters) == len(data)
+    assert len(read) == 4
+
+
+@pytest.mark.parametrize(
+    ("record", "reason"),
+    [
+        (b"{broken", "invalid_json"),
+        (b"\xff\xfe", "invalid_utf8"),
+        (b'{"timestamp": 1}', "no_input"),
+        ({"timestamp": 1}, "no_input"),  # a Parquet row
+    ],
+)
+def test_a_record_read_then_refused_weighs_one_record_and_no_byte(record, reason):
+    """A record handed on by its reader was read: its letter weighs one record. Its bytes are
+    decoded ones, which in a compressed file outweigh the stored bytes the gate divides by
+    (4 KB junk lines in a gzip weighed 40 x its input), and a Parquet row's are its group's,
+    which a broken group weighs already: what was never read is weighed where it is refused
+    (a line unread, a file of another form, a group), in stored bytes."""
+    from kvtrace.transforms.read.sources import parse_one
+
+    letter = parse_one("logs.jsonl", record, ParseOptions())
+    assert (letter.reason, letter.lost_bytes) == (reason, 0)
+
+
+def _parquet_bytes(lines: list[bytes]) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"line": [line.decode() for line in lines]}), buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("form", "stored"),
+    [
+        (".jsonl.gz", lambda data: gzip.compress(data, mtime=0)),
+        (".jsonl.bz2", bz2.compress),
+        (".jsonl.xz", lzma.compress),
+        (".jsonl.zst", zstandard.ZstdCompressor().compress),
+        (".parquet", lambda _: _parquet_bytes(LINES)),
+    ],
+)
+def test_another_form_under_a_plain_name_is_one_letter_weighing_the_whole_file(
+    tmp_path, form, stored
+):
+    """Read as its name says, never guessed from its bytes: a compressed log (or a Parquet
+    file) named .jsonl is refused whole, one damaged_file letter naming the name it needs,
+    weighing every stored byte, however its ranges are split among workers."""
+    data = stored(b"".join(line + b"\n" for line in LINES))
+    path = tmp_path / "rotated.jsonl"
+    path.write_bytes(data)
+    read = [
+        item
+        for piece in file_ranges(str(path), len(data), len(data) // 3 + 1)
+        for item in read_range(piece, 1 << 20)
+    ]
+    [letter] = read
+    assert letter.reason == "damaged_file" and form in letter.message
+    assert letter.lost_bytes == len(data)
+
+
+@pytest.mark.parametrize("head", [b"", b"\x1f\x8b\x08 a damaged first line\n"])
+def test_a_plain_file_is_read_as_plain_whatever_its_first_line_starts_like(tmp_path, head):
+    """Only bytes another form's reader takes are another form: a first line that merely
+    starts like gzip's magic is a plain file's record (parse_one's letter), its file read on."""
+    path = tmp_path / "logs.jsonl"
+    path.write_bytes(head + b"".join(line + b"\n" for line in LINES[:3]))
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    assert [line for _, line in read] == [head.rstrip(b"\n")] * bool(head) + LINES[:3]
 
 
 def test_a_parquet_cut_short_weighs_the_whole_file(tmp_path):

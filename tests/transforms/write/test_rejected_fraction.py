@@ -39,5 +39,5 @@ def test_the_message_is_one_line_with_reasons_by_count_then_name():
 
 
 def test_lost_bytes_are_said_when_a_damaged_file_is_what_tipped_it():
-    with pytest.raises(JobStopped, match="1 of 3 records, 80 of 100 bytes lost in damaged files"):
+    with pytest.raises(JobStopped, match="1 of 3 records, 80 of 100 input bytes became no record"):
         check_rejected_fraction(RecordCounts(3, 1, 80, 100), 0.5, {"damaged_file": 1})
