@@ -65,3 +65,52 @@ def test_a_streams_links_read_alike_whatever_json_escapes_its_line_uses(tiny_tok
     for source in (escaped, plain):
         assert anonymize(tiny_tokenizer, [source], tmp_path / source.stem, *flags) == 0
     assert trace_bytes(tmp_path / "escaped") == trace_bytes(tmp_path / "plain")
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 15")
+def test_rows_whose_links_differ_only_in_where_a_nul_falls_publish_alike_in_any_order(
+    tiny_tokenizer, tmp_path
+):
+    """Promise (docs/ORDERING.md, step 3): rows alike in all else are ordered by 'an unsalted
+    digest of the request's links ... (`parent_row` numbers are positions in this order, so
+    rows alike in all else must not fall in input order)'; the same records in any order give
+    byte-identical output. encode/hashed_batch.links_digest joins the link it continues and the
+    links naming it with NUL, and an id may hold NUL (a client's `previous_response_id`, JSON
+    `\\u0000`): a request continuing `resp_a\\0call:c` and one continuing `resp_a` whose answer
+    calls `c` feed the digest the same bytes. The two rows tie through step 3 and fall in input
+    order, and with them the `parent_row` of the tool result answering `c` (and their own).
+    Fixed by construction: the links encoded unambiguously, each length first, by the encoder
+    the fingerprint uses (encode/fingerprint.py)."""
+    ask = [{"role": "user", "content": "hello world this is a prompt"}]
+    call = {"id": "c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    named = {
+        "timestamp": 0,
+        "input": [{"role": "user", "content": "about caching blocks"}],
+        "response": {"id": "resp_a", "output": [], "usage": {"output_tokens": 2}},
+    }
+    nul = {"timestamp": 1000, "previous_response_id": "resp_a\0call:c", "messages": ask}
+    calls = {
+        "timestamp": 1000,
+        "previous_response_id": "resp_a",
+        "messages": ask,
+        "response": {"choices": [{"message": {"role": "assistant", "tool_calls": [call]}}]},
+    }
+    result = {
+        "timestamp": 2000,
+        "messages": [
+            *ask,
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c", "content": "a.txt"},
+        ],
+        "output_length": 1,
+    }
+    nul["output_length"] = calls["output_length"] = 3
+    (tmp_path / "salt").write_text(SALT)
+    flags = ("--block-size", "4", "--salt-file", str(tmp_path / "salt"), "--emit-parents")
+    for name, order in (
+        ("first", [named, nul, calls, result]),
+        ("second", [named, calls, nul, result]),
+    ):
+        log = write_jsonl(tmp_path / f"{name}.jsonl", order)
+        assert anonymize(tiny_tokenizer, [log], tmp_path / name, *flags) == 0
+    assert trace_bytes(tmp_path / "first") == trace_bytes(tmp_path / "second")
