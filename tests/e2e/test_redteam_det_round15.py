@@ -68,6 +68,31 @@ def test_a_streams_links_read_alike_whatever_json_escapes_its_line_uses(tiny_tok
 
 
 @pytest.mark.xfail(strict=True, reason="red team round 15")
+def test_a_streams_links_read_alike_from_jsonl_and_parquet(tiny_tokenizer, tmp_path):
+    """The same cause, through the form of the file (docs/ANONYMIZE.md, Input: JSONL 'and
+    Parquet with the same fields'): a Parquet row is read by request_from_object with
+    check_strings left True, so its chunks are never condensed and every chunk's id names the
+    request, while the same records as JSONL (orjson reads them) are condensed and the text
+    chunks' id names nothing: the continuing row has `parent_row` 0 from Parquet, none from
+    JSONL."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [
+        {k: v for k, v in r.items() if k not in ("request_id", "user")}
+        for r in _streamed_then_continued()
+    ]
+    records[0]["previous_response_id"] = None  # the column, in the schema the first row gives
+    log = write_jsonl(tmp_path / "log.jsonl", records)
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "log.parquet")
+    (tmp_path / "salt").write_text(SALT)
+    flags = ("--block-size", "4", "--salt-file", str(tmp_path / "salt"), "--emit-parents")
+    for source, out in ((log, "jsonl"), (tmp_path / "log.parquet", "parquet")):
+        assert anonymize(tiny_tokenizer, [source], tmp_path / out, *flags) == 0
+    assert trace_bytes(tmp_path / "jsonl") == trace_bytes(tmp_path / "parquet")
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_rows_whose_links_differ_only_in_where_a_nul_falls_publish_alike_in_any_order(
     tiny_tokenizer, tmp_path
 ):
