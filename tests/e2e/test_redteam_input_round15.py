@@ -31,3 +31,21 @@ def test_a_line_of_many_records_under_the_record_bound_weighs_its_bytes(tiny_tok
     out = tmp_path / "out"
     code = anonymize(tiny_tokenizer, [source], out, "--quiet")
     assert code != 0 and not (out / "manifest.json").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 15")
+def test_a_json_array_file_beside_a_log_weighs_its_bytes(tiny_tokenizer, tmp_path):
+    """The same rule, by the commonest careless shape: an export written as one JSON array
+    (`json.dump(records, f)`: the whole file one line, well under 16 MiB) given beside a
+    JSONL log. It is one not_an_object letter weighing one record, so 10 good lines and a
+    2,000-request array are "11 read = 10 exported + 1 rejected" and the night publishes 10
+    of its 2,010 requests, exit 0; the one-line hint kvtrace has for this shape (jq -c
+    '.[]') is said only when the run fails. A file none of whose bytes became a record must
+    weigh its bytes, as the same file over the bound does."""
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(chat(i, 1_000 * i)) + "\n" for i in range(10)))
+    export = tmp_path / "export.jsonl"
+    export.write_text(json.dumps([chat(i, 1_000 * i + 500) for i in range(2_000)]))
+    out = tmp_path / "out"
+    code = anonymize(tiny_tokenizer, [log, export], out, "--quiet")
+    assert code != 0 and not (out / "manifest.json").exists()
