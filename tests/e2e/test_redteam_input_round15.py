@@ -23,7 +23,9 @@ def test_a_line_of_many_records_under_the_record_bound_weighs_its_bytes(tiny_tok
     refused weighs one record, no byte"): its bytes decoded to no record all the same. With
     the default bound (16 MiB) and fraction (0.5), 10 good lines and one 400 KB line of 2,000
     requests are "11 read = 10 exported + 1 rejected", and the night publishes 10 of its
-    2,010 requests, exit 0. 99.5% of the input's bytes in no record must fail it."""
+    2,010 requests, exit 0; the letter keeps the line's first 256 KiB only
+    (dead_letters.LETTER_LINE_BYTES: its size and sha256 for the rest), so ~700 of the
+    requests are in no file at all. 99.5% of the input's bytes in no record must fail it."""
     good = [json.dumps(chat(i, 1_000 * i)) for i in range(10)]
     joined = "".join(json.dumps(chat(i, 1_000 * i + 500)) for i in range(2_000))
     source = tmp_path / "log.jsonl"
