@@ -13,6 +13,22 @@ from helpers import anonymize, chat, kvtrace_child
 
 pytestmark = pytest.mark.slow
 
+# logrotate's copytruncate as the run reads: the log cut to its first tenth once its ranges are
+# planned (sized) and before they are read, at a line's end.
+COPYTRUNCATE = """
+import os
+from kvtrace.transforms.read import sources
+_open_stream = sources.open_stream
+def _rotated(path):
+    if path.endswith("live.jsonl") and not os.path.exists(path + ".rotated"):
+        open(path + ".rotated", "w").close()
+        with open(path, "r+b") as log:
+            data = log.read()
+            log.truncate(data.index(b"\\n", len(data) // 10) + 1)
+    return _open_stream(path)
+sources.open_stream = _rotated
+"""
+
 
 @pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_a_line_of_many_records_under_the_record_bound_weighs_its_bytes(tiny_tokenizer, tmp_path):
@@ -73,3 +89,24 @@ def test_synthesize_of_a_trace_with_ids_near_int64_is_no_unanticipated_failure(t
     out = tmp_path / "synth"
     run = kvtrace_child("synthesize", str(source), "-o", str(out), "--num-requests", "10")
     assert "the job failed" not in run.stderr and "OverflowError" not in run.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 15")
+def test_a_log_cut_short_as_it_is_read_loses_no_record_silently(tiny_tokenizer, tmp_path):
+    """Nothing lost: a compressed log that ends before its end is a damaged_file letter
+    weighing its unread bytes (sources._damaged_tail, unread_bytes). A plain log is planned
+    in byte ranges from its size (sources.file_ranges) and read by paths.read_lines, which
+    simply stops at the end of the file, wherever the range said it ends. A live log cut
+    as the run reads it (logrotate's copytruncate, run between the plan and the read) loses
+    89 of its 100 requests with no letter and no byte weighed: "exported 11 of 11
+    records", the progress at "100% 19.9kB of 19.9kB", exit 0. A range that ends short of
+    its planned end must be a letter weighing what it did not read."""
+    log = tmp_path / "live.jsonl"
+    log.write_text("".join(json.dumps(chat(i, 1_000 * i)) + "\n" for i in range(100)))
+    out = tmp_path / "out"
+    run = kvtrace_child(
+        "anonymize", "--input", str(log), "--output", str(out), "--tokenizer", tiny_tokenizer,
+        "--quiet", prelude=COPYTRUNCATE,
+    )  # fmt: skip
+    assert log.stat().st_size < 3_000  # the cut happened
+    assert run.returncode != 0 and not (out / "manifest.json").exists()
