@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import xxhash
 
 from kvtrace.transforms.encode.blocks import DIGEST_SIZE, keyed_digest
+from kvtrace.transforms.encode.fingerprint import fingerprint
 from kvtrace.transforms.read.links import in_conversation
 from kvtrace.transforms.read.measured import NOT_MEASURED
 from kvtrace.transforms.trace_format import NO_RESPONSE_MS
@@ -56,7 +56,10 @@ def links_digest(continues: str | None, links: Sequence[str]) -> int:
     """The unsalted digest of a request's links (HashedRequest.links_digest); 0 for none."""
     if continues is None and not links:
         return 0
-    return xxhash.xxh3_64_intdigest("\0".join([continues or "", *links]).encode())
+    # The fingerprint's encoder (each length first, the link continued as an optional value):
+    # an id may hold any character, NUL too, so no separator could keep two links apart.
+    named = [link.encode("utf-8", "surrogatepass") for link in links]
+    return fingerprint(None, 0, named, None, 0, 0, continues)
 
 
 def link_key(session: str | None, link: str, seed: bytes) -> int:

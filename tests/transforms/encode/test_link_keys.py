@@ -29,6 +29,14 @@ def test_the_tie_digest_does_not_depend_on_the_salt_and_is_none_without_links():
     assert links_digest("response:r", ("call:c",)) != links_digest(None, ("response:r", "call:c"))
 
 
+def test_the_tie_digest_keeps_links_apart_whatever_characters_they_hold():
+    """An id may hold NUL (JSON \\u0000): no separator keeps links apart, their lengths do."""
+    nul = "response:resp_a\0call:c"
+    assert links_digest(nul, ()) != links_digest("response:resp_a", ("call:c",))
+    assert links_digest(None, (nul,)) != links_digest(None, ("response:resp_a", "call:c"))
+    assert links_digest("", ()) != links_digest(None, ("",)) != links_digest(None, ())
+
+
 def request(ts: int, parent: int, links: list[int]) -> HashedRequest:
     return HashedRequest(
         timestamp_ms=ts,
