@@ -66,3 +66,31 @@ def test_the_beam_engine_writes_the_same_bytes(agent_trace, tiny_tokenizer, tmp_
     extra = ("--block-size", "4", "--emit-parents", "--engine", "beam")
     assert anonymize(tiny_tokenizer, [src], out, *extra) == 0
     assert_same_output(agent_trace, out)
+
+
+def test_a_call_id_links_only_within_a_session(tiny_tokenizer, tmp_path):
+    """Clients number calls per conversation (`call_0`): a sessionless request's tool result
+    continues nothing, not another conversation's call, while one in a session continues its
+    own conversation's call only."""
+
+    def chat(ts: int, session: str | None, answered: bool) -> dict:
+        call = {"id": "call_0", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+        ask = [{"role": "user", "content": f"List the files of {session} ."}]
+        if answered:
+            ask += [
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_0", "content": "a.txt"},
+            ]
+        response = {"choices": [{"message": {"role": "assistant", "tool_calls": [call]}}]}
+        record = {"timestamp": ts, "messages": ask, "output_length": 2}
+        record |= {} if answered else {"response": response}
+        return record | ({} if session is None else {"session_id": session})
+
+    records = [chat(0, None, False), chat(100, "s", False), chat(200, None, True)]
+    records += [chat(300, "t", True), chat(400, "s", True)]
+    src = write_jsonl(tmp_path / "calls.jsonl", records)
+    assert (
+        anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4", "--emit-parents")
+        == 0
+    )
+    assert [row.get(PARENT_FIELD) for row in trace(tmp_path / "out")] == [None] * 4 + [1]

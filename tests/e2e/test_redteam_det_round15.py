@@ -42,7 +42,6 @@ def _streamed_then_continued() -> list[dict]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_a_streams_links_read_alike_whatever_json_escapes_its_line_uses(tiny_tokenizer, tmp_path):
     """Promise: the same input and configuration give byte-identical output; JSONL is read as
     its JSON values (an escape `\\u00e9` and the letter it names are one string). A streamed
@@ -67,7 +66,6 @@ def test_a_streams_links_read_alike_whatever_json_escapes_its_line_uses(tiny_tok
     assert trace_bytes(tmp_path / "escaped") == trace_bytes(tmp_path / "plain")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_a_streams_links_read_alike_from_jsonl_and_parquet(tiny_tokenizer, tmp_path):
     """The same cause, through the form of the file (docs/ANONYMIZE.md, Input: JSONL 'and
     Parquet with the same fields'): a Parquet row is read by request_from_object with
@@ -92,7 +90,6 @@ def test_a_streams_links_read_alike_from_jsonl_and_parquet(tiny_tokenizer, tmp_p
     assert trace_bytes(tmp_path / "jsonl") == trace_bytes(tmp_path / "parquet")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_rows_whose_links_differ_only_in_where_a_nul_falls_publish_alike_in_any_order(
     tiny_tokenizer, tmp_path
 ):

@@ -24,10 +24,9 @@ from kvtrace.transforms.encode.fallible_tokenizer import TokenizerFailure
 from kvtrace.transforms.encode.fast_backend import DEFAULT_BACKEND
 from kvtrace.transforms.encode.fingerprint import fingerprint as request_fingerprint
 from kvtrace.transforms.encode.hashed_batch import (
-    LINK_SIZE,
     HashedBatch,
     HashedRequest,
-    link_key,
+    link_keys,
     links_digest,
 )
 from kvtrace.transforms.encode.salt import SaltSource
@@ -78,6 +77,7 @@ def hash_request(
     fingerprint = request_fingerprint(
         None, block_size, (data,), None, input_length, output_length, session, output_data or None
     )
+    parent_key, named_by = link_keys(session, request.continues, request.links, seed)
     return HashedRequest(
         timestamp_ms=request.timestamp_ms,
         fingerprint=fingerprint,
@@ -95,10 +95,8 @@ def hash_request(
         output_block_hashes=b""
         if not output_data
         else _output_block_hashes(data, output_data, block_size, seed, scheme),
-        parent_key=0 if request.continues is None else link_key(session, request.continues, seed),
-        link_keys=b"".join(
-            link_key(session, name, seed).to_bytes(LINK_SIZE, "little") for name in request.links
-        ),
+        parent_key=parent_key,
+        link_keys=named_by,
         links_digest=links_digest(request.continues, request.links),
     )
 

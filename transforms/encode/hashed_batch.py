@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import xxhash
 
 from kvtrace.transforms.encode.blocks import DIGEST_SIZE, keyed_digest
+from kvtrace.transforms.encode.fingerprint import fingerprint
 from kvtrace.transforms.read.links import in_conversation
 from kvtrace.transforms.read.measured import NOT_MEASURED
 from kvtrace.transforms.trace_format import NO_RESPONSE_MS
@@ -56,15 +56,36 @@ def links_digest(continues: str | None, links: Sequence[str]) -> int:
     """The unsalted digest of a request's links (HashedRequest.links_digest); 0 for none."""
     if continues is None and not links:
         return 0
-    return xxhash.xxh3_64_intdigest("\0".join([continues or "", *links]).encode())
+    # The fingerprint's encoder (each length first, the link continued as an optional value):
+    # an id may hold any character, NUL too, so no separator could keep two links apart.
+    named = [link.encode("utf-8", "surrogatepass") for link in links]
+    return fingerprint(None, 0, named, None, 0, 0, continues)
 
 
-def link_key(session: str | None, link: str, seed: bytes) -> int:
+def link_key(session: str | None, link: str, seed: bytes) -> int | None:
     """A link's key, within its conversation where it names something only there
-    (links.in_conversation), keyed like a session's; never NO_LINK."""
-    scope = session if session is not None and in_conversation(link) else ""
+    (links.in_conversation), keyed like a session's; never NO_LINK. None for such a link of a
+    request in no session: it has no conversation to name something in (two sessionless
+    conversations' `call_0` are not one call)."""
+    if not in_conversation(link):
+        scope = ""
+    elif session is None:
+        return None
+    else:
+        scope = session
     scoped = f"{scope}\0{link}"
     return int.from_bytes(keyed_digest(scoped, seed)[:LINK_SIZE], "little") | 1
+
+
+def link_keys(
+    session: str | None, continues: str | None, names: Sequence[str], seed: bytes
+) -> tuple[int, bytes]:
+    """(the key of the link a request continues, NO_LINK for none or none keyed; the keys of
+    the links naming it, LINK_SIZE bytes each): HashedRequest.parent_key and link_keys."""
+    parent = None if continues is None else link_key(session, continues, seed)
+    keys = (link_key(session, name, seed) for name in names)
+    named = b"".join(key.to_bytes(LINK_SIZE, "little") for key in keys if key is not None)
+    return NO_LINK if parent is None else parent, named
 
 
 REQUEST = np.dtype(

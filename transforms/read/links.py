@@ -9,7 +9,8 @@ themselves: ids are strings a provider or a client chose.
   `choices[].delta.tool_calls[].id`, Responses `output[]` items of type `function_call`:
   `call_id`, Anthropic `content[]` blocks of type `tool_use`: `id`); a later request whose
   newest messages are tool results (read/chat.py gives each its call's `tool_call_id`, whatever
-  the API) continues the request whose response made the first of those calls.
+  the API) continues the request whose response made the first of those calls, within its
+  session (encode/hashed_batch.link_key): a request of no session links only by response id.
 
 A link is a kind and the id, so a call id never meets a response id.
 """

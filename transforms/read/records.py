@@ -254,15 +254,18 @@ def request_from_object(
     check_strings: bool = True,
 ) -> Request:
     """The Request in an already-decoded record (JSONL line or Parquet row)."""
+    # Links are read from the response as logged, before any merging: a text chunk's id names
+    # its request, and a merged chunk holds none, so every path reads the same links.
+    links = names(_response(record, record.get("custom_id") is not None)) if options.links else ()
     chunks = _streamed_chunks(record, options, check_strings)
     shorter = streamed.condensed(chunks) if chunks is not None else None
     if shorter is not None:  # read with a stream's text chunks merged (read/streamed.py)
         record["response"] = shorter
         try:
-            return _request(record, line, source, options, check_strings)
+            return _request(record, line, source, options, check_strings, links)
         except (Rejected, *UNANTICIPATED):
             record["response"] = chunks  # refused: read whole, so its letter is the whole's
-    return _request(record, line, source, options, check_strings)
+    return _request(record, line, source, options, check_strings, links)
 
 
 def _streamed_chunks(
@@ -284,7 +287,12 @@ def _streamed_chunks(
 
 
 def _request(
-    record: dict[str, Any], line: bytes, source: str, options: ParseOptions, check_strings: bool
+    record: dict[str, Any],
+    line: bytes,
+    source: str,
+    options: ParseOptions,
+    check_strings: bool,
+    links: tuple[str, ...],
 ) -> Request:
     check_tree(record, check_strings)  # first: without_nulls recurses, within this depth
     if options.capture is not None or is_capture(record):  # an engine's hashes, no text
@@ -332,7 +340,7 @@ def _request(
         response_ms=response_ms(record, body, response, ts, options.timestamp_unit),
         cached_tokens=_cached_tokens(declared_fields(record, envelope), response),
         defaulted=("output_length",) if output_text is None and output_length is None else (),
-        links=names(response) if options.links else (),
+        links=links,
         continues=continued(body, fields.get("messages")) if options.links else None,
         **fields,
     )

@@ -19,7 +19,9 @@ chat.message_texts of its delta, the rule the generated text is read by; a merge
 delta holds the run's texts joined in order (a run that generated none leaves no chunk).
 
 records.request_from_object reads the record with the condensed list first and, should that
-be refused, the whole list: a dead letter names what the whole list holds, at its index.
+be refused, the whole list: a dead letter names what the whole list holds, at its index. The
+links (read/links.py: a text chunk's id names its request) are read from the list as logged,
+before it is condensed.
 """
 
 from __future__ import annotations

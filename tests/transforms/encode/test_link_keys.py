@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from kvtrace.transforms.encode.hashed_batch import (
+    LINK_SIZE,
     NO_LINK,
     HashedBatch,
     HashedRequest,
     link_key,
+    link_keys,
     links_digest,
 )
 
@@ -19,14 +21,35 @@ SEED, OTHER_SEED = b"s" * 32, b"t" * 32
 def test_call_ids_join_within_a_session_response_ids_across():
     call, response = "call:call_0", "response:resp_1"
     assert link_key("a", call, SEED) != link_key("b", call, SEED)  # clients reuse call_0
+    assert link_key(None, call, SEED) is None  # nor is a sessionless conversation's call_0 one
     assert link_key("a", response, SEED) == link_key(None, response, SEED)  # a forked session
     assert link_key("a", call, SEED) != link_key("a", call, OTHER_SEED)  # keyed by the salt
     assert NO_LINK not in {link_key(s, call, SEED) for s in map(str, range(200))}
 
 
+def test_a_sessionless_requests_call_links_are_keyed_to_nothing():
+    """A request in no session links only by response id: its calls name nothing and a tool
+    result it holds continues nothing."""
+    response, call = "response:resp_1", "call:call_0"
+    assert link_keys(None, call, (response, call), SEED) == (
+        NO_LINK,
+        link_key(None, response, SEED).to_bytes(LINK_SIZE, "little"),
+    )
+    parent, named = link_keys("s", call, (response, call), SEED)
+    assert parent == link_key("s", call, SEED) and len(named) == 2 * LINK_SIZE
+
+
 def test_the_tie_digest_does_not_depend_on_the_salt_and_is_none_without_links():
     assert links_digest(None, ()) == 0
     assert links_digest("response:r", ("call:c",)) != links_digest(None, ("response:r", "call:c"))
+
+
+def test_the_tie_digest_keeps_links_apart_whatever_characters_they_hold():
+    """An id may hold NUL (JSON \\u0000): no separator keeps links apart, their lengths do."""
+    nul = "response:resp_a\0call:c"
+    assert links_digest(nul, ()) != links_digest("response:resp_a", ("call:c",))
+    assert links_digest(None, (nul,)) != links_digest(None, ("response:resp_a", "call:c"))
+    assert links_digest("", ()) != links_digest(None, ("",)) != links_digest(None, ())
 
 
 def request(ts: int, parent: int, links: list[int]) -> HashedRequest:

@@ -14,9 +14,9 @@ from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.records import (
     ParseOptions,
     Request,
-    _request,
     load_json_line,
     parse_record,
+    request_from_object,
 )
 from kvtrace.transforms.read.streamed import condensed
 
@@ -84,26 +84,29 @@ def record(chunks: list[Any], **fields: Any) -> dict[str, Any]:
     } | fields
 
 
-def read_whole(line: bytes) -> Request | tuple[str, str]:
-    """The record read with its whole list of chunks, as before they were merged."""
-    value, check_strings = load_json_line(line)
+def read_whole(line: bytes, options: ParseOptions) -> Request | tuple[str, str]:
+    """The record read with its whole list of chunks, as before they were merged: its strings
+    checked, as a Parquet row's are, so none is merged."""
+    value, _ = load_json_line(line)
     try:
-        return _request(value, line, "src", ParseOptions(), check_strings)
+        return request_from_object(value, line, "src", options, check_strings=True)
     except Rejected as err:
         return err.reason, err.message
 
 
-def read(line: bytes) -> Request | tuple[str, str]:
+def read(line: bytes, options: ParseOptions) -> Request | tuple[str, str]:
     try:
-        return parse_record(line, "src")
+        return parse_record(line, "src", options)
     except Rejected as err:
         return err.reason, err.message
 
 
-def assert_reads_as_whole(value: dict[str, Any]) -> Request | tuple[str, str]:
+def assert_reads_as_whole(
+    value: dict[str, Any], options: ParseOptions = ParseOptions()
+) -> Request | tuple[str, str]:
     line = json.dumps(value).encode()
-    got = read(line)
-    assert got == read_whole(line)
+    got = read(line, options)
+    assert got == read_whole(line, options)
     return got
 
 
@@ -175,8 +178,8 @@ def test_the_text_of_a_stream_needing_the_standard_parser_is_read_whole() -> Non
     value = record([text_chunk("a"), text_chunk("b"), text_chunk("c")])
     line = json.dumps(value).replace('"b"', '"\\ud800"').encode()
     assert (
-        read(line)
-        == read_whole(line)
+        read(line, ParseOptions())
+        == read_whole(line, ParseOptions())
         == (
             "invalid_unicode",
             "a string holds a lone surrogate at character 0 (not encodable as UTF-8)",
@@ -188,10 +191,14 @@ CHUNK = st.one_of(
     st.sampled_from(list(TEXT_CHUNKS.values())),
     st.sampled_from(list(OTHER_CHUNKS.values())),
     st.builds(
-        text_chunk,
-        st.one_of(st.none(), st.text(max_size=5), st.integers()),
-        index=st.one_of(st.none(), st.integers(0, 2), st.booleans()),
-        finish_reason=st.one_of(st.none(), st.sampled_from(["stop", "length"])),
+        lambda chunk, name: chunk | {"id": name},  # a response's id, or none (the role chunk)
+        st.builds(
+            text_chunk,
+            st.one_of(st.none(), st.text(max_size=5), st.integers()),
+            index=st.one_of(st.none(), st.integers(0, 2), st.booleans()),
+            finish_reason=st.one_of(st.none(), st.sampled_from(["stop", "length"])),
+        ),
+        st.one_of(st.none(), st.sampled_from(["resp_1", "resp_2"]), st.integers(0, 1)),
     ),
 )
 
@@ -199,4 +206,14 @@ CHUNK = st.one_of(
 @settings(max_examples=300)
 @given(st.lists(CHUNK, max_size=40), st.booleans())
 def test_any_stream_reads_as_whole(chunks: list[Any], dated_by_chunk: bool) -> None:
-    assert_reads_as_whole(record(chunks, timestamp=None if dated_by_chunk else 1))
+    value = record(chunks, timestamp=None if dated_by_chunk else 1)
+    # The links too (read/links.py): a text chunk's id names its request, merged or not.
+    for options in (ParseOptions(), ParseOptions(links=True)):
+        assert_reads_as_whole(value, options)
+
+
+def test_a_merged_text_chunks_id_still_names_its_request() -> None:
+    """The first chunk (the role) carries no id, the text chunks merged after it do."""
+    chunks = [{"choices": [{"delta": {"role": "assistant"}}]}, text_chunk("a"), text_chunk("b")]
+    request = assert_reads_as_whole(record(chunks), ParseOptions(links=True))
+    assert isinstance(request, Request) and request.links == ("response:chatcmpl-1",)
