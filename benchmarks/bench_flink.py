@@ -33,18 +33,24 @@ FLINK_PYTHON = [str(ROOT / "deploy" / "flink" / "local-cluster.sh"), "python"]
 
 
 def jvm_cpu_seconds() -> float:
-    """CPU seconds the cluster's JVMs have used so far (utime + stime, /proc/PID/stat)."""
+    """CPU seconds the cluster's JVMs have used so far."""
+    return sum(jvm_cpu_by_name().values())
+
+
+def jvm_cpu_by_name() -> dict[str, float]:
+    """CPU seconds each cluster JVM has used so far (utime + stime, /proc/PID/stat)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    used = dict.fromkeys(JVMS, 0.0)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             command = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if any(name in command for name in JVMS):
-            total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+        for name in JVMS:
+            if name in command:
+                used[name] += (int(fields[11]) + int(fields[12])) / ticks
+    return used
 
 
 def count_lines(path: str) -> int:

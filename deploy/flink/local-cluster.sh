@@ -76,6 +76,7 @@ project = tomllib.load(open(sys.argv[1], "rb"))["project"]
 testing = {"pytest", "pytest-xdist", "hypothesis"}
 extra = [d for d in project["optional-dependencies"]["test"] if d.split(">")[0].split("=")[0] in testing]
 print(f"apache-beam=={sys.argv[2]}")
+print(f"# kvtrace {project['version']}")  # a new release installs its metadata again
 print("\n".join(d for d in project["dependencies"] + extra if not d.startswith("apache-beam")))
 EOF
   ) || die "could not read kvtrace's dependencies (python 3.11+ is needed)"
@@ -87,9 +88,14 @@ EOF
     || die "pip could not install the Flink runs' Python (see above)"
   # kvtrace's trace reader (the gate, `kvtrace audit`) streams JSON with pyarrow.json.open_json,
   # pyarrow 20+; Beam 2.62 declares pyarrow<17 for its own Arrow and Parquet IO, which kvtrace
-  # does not use. The job API pair is what Beam supports; this one library goes past its bound.
-  "$home/python/bin/python" -m pip install -q --no-deps "pyarrow>=20" \
-    || die "pip could not install pyarrow 20+ (see above)"
+  # does not use. The job API pair is what Beam supports; this one library goes past its bound,
+  # to the release the local engine's python has: Parquet outputs name their writer's release.
+  # kvtrace itself with no dependencies, for its metadata only (the release every manifest
+  # records): PYTHONPATH puts this checkout's code first.
+  local pyarrow="pyarrow>=20" release
+  release=$(python -c 'import pyarrow; print(pyarrow.__version__)' 2>/dev/null) && pyarrow="pyarrow==$release"
+  "$home/python/bin/python" -m pip install -q --no-deps "$pyarrow" "$repo" \
+    || die "pip could not install pyarrow and kvtrace's metadata (see above)"
   echo "$requirements" >"$home/python.requirements"
 }
 
