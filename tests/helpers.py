@@ -418,8 +418,8 @@ ON_FLINK = [
     pytest.mark.skipif(
         not os.environ.get("KVTRACE_FLINK"),
         reason=(
-            "needs the cluster: deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1 (.ci/run "
-            "does both)"
+            "needs the cluster: deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1 "
+            "deploy/flink/local-cluster.sh python -m pytest -m flink (.ci/run does both)"
         ),
     ),
 ]

@@ -3,6 +3,7 @@
 # what CI and `kvtrace anonymize --config configs/flink-local.yaml` run on.
 #
 #   deploy/flink/local-cluster.sh start   # installs on first use, returns once jobs are accepted
+#   deploy/flink/local-cluster.sh python -m kvtrace.cli anonymize --config configs/flink-local.yaml ...
 #   deploy/flink/local-cluster.sh stop
 #   deploy/flink/local-cluster.sh status
 #   deploy/flink/local-cluster.sh cancel-jobs   # streams run until cancelled here
@@ -10,14 +11,19 @@
 #
 # Flink comes from its registry package (apache-flink-libraries on PyPI: the distribution's jars),
 # the job server as a classpath that Maven resolves from Maven Central (job-server/pom.xml);
-# nothing is fetched by URL at run time. Versions: versions.env. Needs java 17, mvn, python.
+# nothing is fetched by URL at run time. Versions: versions.env. Needs java 17, mvn, python 3.11+.
+# Jobs are submitted, and their Python parts run, with Beam's SDK at the job server's release:
+# `local-cluster.sh python ARGS` runs python in an environment of its own (apache-beam at
+# versions.env's BEAM_VERSION, kvtrace's other dependencies, pytest for the Flink tests) with this
+# checkout on its path.
 # The TaskManager runs under a supervisor that starts it again when it dies, as Kubernetes
 # restarts a pod: Flink's restart strategy (below) then re-runs the failed work on it.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
-home="${KVTRACE_FLINK_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtrace/flink-$FLINK_VERSION-beam-$BEAM_JOB_SERVER_VERSION}"
+home="${KVTRACE_FLINK_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtrace/flink-$FLINK_VERSION-beam-$BEAM_VERSION}"
 run="$home/run"
 rest_port="${KVTRACE_FLINK_REST_PORT:-8081}"
 job_port="${KVTRACE_FLINK_JOB_PORT:-8099}"
@@ -41,14 +47,15 @@ die() { echo "local-cluster: $*" >&2; exit 1; }
 install() {  # the Flink jars once per version; the job server's classpath whenever its pom changes
   local pom_sum; pom_sum=$(sha256sum "$here/job-server/pom.xml" | cut -d' ' -f1)
   if [ -f "$home/flink/lib/flink-dist-$FLINK_VERSION.jar" ]; then
-    [ -f "$home/job-server.classpath" ] && [ "$(cat "$home/job-server.pom.sha256" 2>/dev/null)" = "$pom_sum" ] && return
-    resolve_job_server "$pom_sum"
+    [ -f "$home/job-server.classpath" ] && [ "$(cat "$home/job-server.pom.sha256" 2>/dev/null)" = "$pom_sum" ] \
+      || resolve_job_server "$pom_sum"
+    install_python
     return
   fi
   command -v java >/dev/null || die "java not found (OpenJDK 17 is needed)"
   command -v mvn >/dev/null || die "mvn not found (Maven resolves Beam's job server)"
   mkdir -p "$home/download"
-  echo "local-cluster: installing Flink $FLINK_VERSION and Beam's job server $BEAM_JOB_SERVER_VERSION in $home" >&2
+  echo "local-cluster: installing Flink $FLINK_VERSION and Beam's job server $BEAM_VERSION in $home" >&2
   python -m pip download -q --no-deps --no-binary :all: -d "$home/download" \
     "apache-flink-libraries==$FLINK_VERSION" || die "pip could not fetch apache-flink-libraries==$FLINK_VERSION"
   rm -rf "$home/flink" && mkdir -p "$home/flink"
@@ -57,6 +64,39 @@ install() {  # the Flink jars once per version; the job server's classpath whene
     "apache-flink-libraries-$FLINK_VERSION/deps/bin"
   rm -rf "$home/download"
   resolve_job_server "$pom_sum"
+  install_python
+}
+
+install_python() {  # the Flink runs' Python, again whenever kvtrace's dependencies or the pin change
+  local requirements
+  requirements=$(python - "$repo/pyproject.toml" "$BEAM_VERSION" <<'EOF'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+# What the Flink tests import beyond kvtrace (tests/conftest.py), at the test extra's pins.
+testing = {"pytest", "pytest-xdist", "hypothesis"}
+extra = [d for d in project["optional-dependencies"]["test"] if d.split(">")[0].split("=")[0] in testing]
+print(f"apache-beam=={sys.argv[2]}")
+print(f"# kvtrace {project['version']}")  # a new release installs its metadata again
+print("\n".join(d for d in project["dependencies"] + extra if not d.startswith("apache-beam")))
+EOF
+  ) || die "could not read kvtrace's dependencies (python 3.11+ is needed)"
+  [ -x "$home/python/bin/python" ] && [ "$(cat "$home/python.requirements" 2>/dev/null)" = "$requirements" ] && return
+  echo "local-cluster: installing the Flink runs' Python (apache-beam $BEAM_VERSION) in $home/python" >&2
+  rm -rf "$home/python" "$home/python.requirements"
+  python -m venv "$home/python" || die "python could not make a virtual environment"
+  "$home/python/bin/python" -m pip install -q -r /dev/stdin <<<"$requirements" \
+    || die "pip could not install the Flink runs' Python (see above)"
+  # kvtrace's trace reader (the gate, `kvtrace audit`) streams JSON with pyarrow.json.open_json,
+  # pyarrow 20+; Beam 2.62 declares pyarrow<17 for its own Arrow and Parquet IO, which kvtrace
+  # does not use. The job API pair is what Beam supports; this one library goes past its bound,
+  # to the release the local engine's python has: Parquet outputs name their writer's release.
+  # kvtrace itself with no dependencies, for its metadata only (the release every manifest
+  # records): PYTHONPATH puts this checkout's code first.
+  local pyarrow="pyarrow>=20" release
+  release=$(python -c 'import pyarrow; print(pyarrow.__version__)' 2>/dev/null) && pyarrow="pyarrow==$release"
+  "$home/python/bin/python" -m pip install -q --no-deps "$pyarrow" "$repo" \
+    || die "pip could not install pyarrow and kvtrace's metadata (see above)"
+  echo "$requirements" >"$home/python.requirements"
 }
 
 resolve_job_server() {  # resolve_job_server POM_SHA256
@@ -81,7 +121,14 @@ taskmanager:
   numberOfTaskSlots: $slots
   # Beam's pipelines hold many exchanges per slot: network buffers, not heap, run out first.
   # Each blocking result takes sort-shuffle buffers (512 by default): 64 is plenty here.
-  memory: {process: {size: 2560m}, network: {min: 512m, max: 512m}}
+  # Beam's data plane to the SDK workers is gRPC on direct buffers, task off-heap memory (0 by
+  # default): a job of 155 MB failed with "OutOfMemoryError: Direct buffer memory" without it.
+  # Managed memory (Flink's sorts) fixed rather than 40% of the rest, so the heap keeps ~700m.
+  memory:
+    process: {size: 3072m}
+    network: {min: 512m, max: 512m}
+    task: {off-heap: {size: 512m}}
+    managed: {size: 512m}
   network: {sort-shuffle: {min-buffers: 64}}
 rest: {address: 127.0.0.1, bind-address: 127.0.0.1, port: $rest_port}
 blob: {server: {port: "6124"}}
@@ -154,7 +201,8 @@ start() {
    done) </dev/null >/dev/null 2>&1 &
   echo $! >"$run/supervisor.pid"
   wait_for "the Flink cluster" 90 slots_up
-  java "${java_opens[@]}" -cp "$(cat "$home/job-server.classpath")" \
+  # A bounded heap (versions.env's JOB_SERVER_HEAP says why).
+  java "${java_opens[@]}" -Xmx"$JOB_SERVER_HEAP" -cp "$(cat "$home/job-server.classpath")" \
     org.apache.beam.runners.flink.FlinkJobServerDriver --flink-master="127.0.0.1:$rest_port" \
     --job-host=127.0.0.1 --job-port="$job_port" --artifact-port="$artifact_port" \
     --expansion-port="$expansion_port" --flink-conf-dir="$run/conf" </dev/null >"$run/log/jobserver.out" 2>&1 &
@@ -166,7 +214,7 @@ start() {
     </dev/null >"$run/log/expansion.out" 2>&1 &
   echo $! >"$run/expansion.pid"
   wait_for "Beam's expansion service" 60 port_open "$kafka_expansion_port"
-  echo "local-cluster: Flink $FLINK_VERSION at http://127.0.0.1:$rest_port, Beam job server $BEAM_JOB_SERVER_VERSION at localhost:$job_port"
+  echo "local-cluster: Flink $FLINK_VERSION at http://127.0.0.1:$rest_port, Beam job server $BEAM_VERSION at localhost:$job_port"
   echo "local-cluster: for kafka:// inputs, export KVTRACE_KAFKA_EXPANSION=localhost:$kafka_expansion_port"
 }
 
@@ -208,11 +256,18 @@ kill_taskmanager() {
   echo "local-cluster: killed TaskManager $pid; its supervisor starts another"
 }
 
+run_python() {  # Python with Beam's SDK at the job server's release and this checkout on its path
+  [ -x "$home/python/bin/python" ] || install
+  # Its bin first on PATH: the process workers Beam starts for a job run `python` as found there.
+  PATH="$home/python/bin:$PATH" PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" exec "$home/python/bin/python" "$@"
+}
+
 case "${1:-}" in
   start) start ;;
+  python) shift; run_python "$@" ;;
   stop) stop ;;
   status) status ;;
   kill-taskmanager) kill_taskmanager ;;
   cancel-jobs) cancel_jobs ;;
-  *) echo "usage: $0 start|stop|status|cancel-jobs|kill-taskmanager" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|python ARGS|cancel-jobs|kill-taskmanager" >&2; exit 2 ;;
 esac

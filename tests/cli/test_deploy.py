@@ -136,7 +136,53 @@ def test_flink_manifests_agree_with_the_flink_preset():
     assert durable_checkpoints(configuration, ("s3://", "gs://", "hdfs://"))
     job_server = manifests["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert job_server["image"] == "${KVTRACE_JOBSERVER_IMAGE}"
-    assert job_server["args"][0] == "org.apache.beam.runners.flink.FlinkJobServerDriver"
+    heap, driver = job_server["args"][:2]
+    assert driver == "org.apache.beam.runners.flink.FlinkJobServerDriver"
+    # The heap bounded as the local cluster bounds it, inside the container's memory limit.
+    assert heap == f"-Xmx{versions['JOB_SERVER_HEAP']}"
+    assert mebibytes(heap[4:]) < mebibytes(job_server["resources"]["limits"]["memory"])
+
+
+def mebibytes(size: str) -> int:
+    """A JVM (512m) or Kubernetes (1Gi) memory size in MiB."""
+    number, unit = re.fullmatch(r"(\d+)([mMgG])i?", size).groups()
+    return int(number) * (1024 if unit in "gG" else 1)
+
+
+def test_flink_runs_pair_beams_sdk_with_the_job_servers_release():
+    """Beam supports a job server only with the SDK of its own release: whatever submits to the
+    Flink cluster, or runs beside its TaskManagers, is the Flink image (the Dockerfile at
+    versions.env's BEAM_VERSION), and the local cluster's Python installs that release."""
+    versions = flink_versions()
+    submitters = [
+        c
+        for name in ("flink/flink-session.yaml", "schedule/cronjob.yaml", "kafka/streaming.yaml")
+        for document in yaml.safe_load_all((DEPLOY / name).read_text())
+        for c in containers(document)
+        if "kvtrace" in c["image"].lower() and "JOBSERVER" not in c["image"]
+    ]
+    assert len(submitters) == 3
+    assert {c["image"] for c in submitters} == {"${KVTRACE_FLINK_IMAGE}"}
+    values = (DEPLOY / "values.env").read_text()
+    assert f"--build-arg BEAM_VERSION={versions['BEAM_VERSION']} " in values
+    script = (DEPLOY / "flink" / "local-cluster.sh").read_text()
+    assert 'print(f"apache-beam=={sys.argv[2]}")' in script
+    assert '"$repo/pyproject.toml" "$BEAM_VERSION"' in script
+    assert '-Xmx"$JOB_SERVER_HEAP"' in script
+
+
+def containers(document: dict) -> list[dict]:
+    """Every container a manifest's pods run (a CronJob's, a Deployment's, a FlinkDeployment's)."""
+    found = []
+    if isinstance(document, dict):
+        if isinstance(document.get("containers"), list):
+            found += [c for c in document["containers"] if "image" in c]
+        for value in document.values():
+            found += containers(value)
+    elif isinstance(document, list):
+        for value in document:
+            found += containers(value)
+    return found
 
 
 # Flink 1.19's keys for the checkpoint store (its CheckpointingOptions); 1.20 renamed them
@@ -174,6 +220,18 @@ def test_the_local_cluster_checkpoints_into_files_with_flink_119s_keys():
     assert '--flink-conf-dir="$run/conf"' in script
 
 
+def test_taskmanagers_give_beams_data_plane_direct_memory():
+    """Beam's gRPC data plane to the SDK workers allocates direct buffers, which Flink counts as
+    task off-heap memory, 0 unless set: a job of 155 MB failed with "Direct buffer memory"."""
+    script = (DEPLOY / "flink" / "local-cluster.sh").read_text()
+    written = re.search(r'cat >"\$run/conf/config.yaml" <<EOF\n(.*?)\nEOF\n', script, re.S).group(1)
+    local = flat(yaml.safe_load(written.replace("$run", "/run").replace("$", "")))
+    manifests = documents(DEPLOY / "flink" / "flink-session.yaml")
+    shipped = manifests["FlinkDeployment"]["spec"]["flinkConfiguration"]
+    for configuration in (local, shipped):
+        assert mebibytes(configuration["taskmanager.memory.task.off-heap.size"]) >= 512
+
+
 def flink_versions() -> dict[str, str]:
     """deploy/flink/versions.env: the pins local-cluster.sh and the manifests share."""
     lines = (DEPLOY / "flink" / "versions.env").read_text().splitlines()
@@ -184,14 +242,14 @@ def test_the_local_flink_cluster_resolves_the_pinned_job_server_and_its_script_p
     versions = flink_versions()
     pom = (DEPLOY / "flink" / "job-server" / "pom.xml").read_text()
     assert f"<artifactId>beam-runners-flink-{versions['FLINK_MINOR']}</artifactId>" in pom
-    assert f"<version>{versions['BEAM_JOB_SERVER_VERSION']}</version>" in pom
+    assert f"<version>{versions['BEAM_VERSION']}</version>" in pom
     # Every Beam artifact beside it (Kafka IO, expansion service) at the job server's release.
     beam_versions = re.findall(
         r"<groupId>org\.apache\.beam</groupId>\s*<artifactId>[^<]+</artifactId>\s*"
         r"<version>([^<]+)</version>",
         pom,
     )
-    assert len(beam_versions) == 3 and set(beam_versions) == {versions["BEAM_JOB_SERVER_VERSION"]}
+    assert len(beam_versions) == 3 and set(beam_versions) == {versions["BEAM_VERSION"]}
     for other in (DEPLOY / "kafka" / "local-broker.sh", DEPLOY / "pubsub" / "emulator.sh"):
         subprocess.run(["bash", "-n", str(other)], check=True)
         assert os.access(other, os.X_OK)
