@@ -77,7 +77,8 @@ testing = {"pytest", "pytest-xdist", "hypothesis"}
 extra = [d for d in project["optional-dependencies"]["test"] if d.split(">")[0].split("=")[0] in testing]
 print(f"apache-beam=={sys.argv[2]}")
 print(f"# kvtrace {project['version']}")  # a new release installs its metadata again
-print("\n".join(d for d in project["dependencies"] + extra if not d.startswith("apache-beam")))
+# Beam at the job server's release; pyarrow past Beam 2.62's bound, installed below.
+print("\n".join(d for d in project["dependencies"] + extra if not d.startswith(("apache-beam", "pyarrow"))))
 EOF
   ) || die "could not read kvtrace's dependencies (python 3.11+ is needed)"
   [ -x "$home/python/bin/python" ] && [ "$(cat "$home/python.requirements" 2>/dev/null)" = "$requirements" ] && return
