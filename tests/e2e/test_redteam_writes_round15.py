@@ -12,7 +12,6 @@ import pytest
 from helpers import kvtrace_child, night_args
 
 pytestmark = pytest.mark.slow
-ROUND15 = "red team round 15"
 
 # SIGTERM right after the output's lock file is created (publish._take_lock's os.open with
 # O_CREAT), before output_lock puts it in the exit registry (storage.remove_on_exit).
@@ -30,7 +29,6 @@ os.open = _stop_after
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND15)
 def test_a_stop_as_the_output_lock_is_taken_leaves_no_lock_file(tiny_tokenizer, tmp_path):
     """A stop leaves nothing it made: "stopped: nothing published" and the folder as it was.
     Round 14 put the lock's letting go in one deferred section; its taking has the same gap:

@@ -482,9 +482,10 @@ def output_lock(output: str, private: bool = False) -> Iterator[None]:
         return
     storage.make_parent(output, private)
     path = lock_path(os.path.abspath(output))
-    handle = _take_lock(path, output)
-    _BEGAN_WRITING.set()
-    storage.remove_on_exit(path, functools.partial(_own_lock, path, handle))
+    with stops_deferred():  # made and in the exit registry at once: a stop between leaves it
+        handle = _take_lock(path, output)
+        _BEGAN_WRITING.set()
+        storage.remove_on_exit(path, functools.partial(_own_lock, path, handle))
     try:
         restore_interrupted(output)
         yield
