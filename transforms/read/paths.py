@@ -350,6 +350,7 @@ def parquet_file(
             thrift_container_size_limit=max_footer_bytes,
         )
         _check_schema(path, parquet.schema_arrow)
+        _check_chunks(path, raw, parquet.metadata, PAGE_BOUND_MULTIPLE * max_footer_bytes)
         found = _stray_bytes(path, raw, footer, parquet.metadata, body_end)
         if found is not None and stray is None:
             raise ValueError(f"{path}: {found}")
@@ -470,6 +471,42 @@ def _leaf_levels(path: str, elements: Any) -> list[tuple[int, int]]:
         while pending and pending[-1][0] <= 0:
             pending.pop()
     return leaves
+
+
+def _check_chunks(
+    path: str, raw: IO[bytes], metadata: pq.FileMetaData, max_page_bytes: int
+) -> None:
+    """Every column chunk the footer lists, read or not, walked page by page (the walk the
+    readers share: chunk_pages, checked_levels): its pages fill exactly the bytes it claims and
+    hold as many rows as every other chunk of its group (the footer's count is held to them
+    group by group as it is read: _check_group_rows); ValueError if not. _stray_bytes counts a chunk's bytes as accounted
+    for, which holds only of bytes its pages were walked over: a chunk grown over a row group
+    left out of the footer tiles it with that group's pages, and counts their rows too. A
+    repeated column's v1 pages are decompressed to count rows: pages over max_page_bytes
+    refuse the file first (the readers' ceiling; a chunk not read is not exempt)."""
+    schema = metadata.schema
+    first = 0  # the rows of the group's first chunk
+    try:
+        for group in range(metadata.num_row_groups):
+            row_group = metadata.row_group(group)
+            for index in range(row_group.num_columns):
+                column = row_group.column(index)
+                repeats = schema.column(index).max_repetition_level
+                pages = chunk_pages(raw, column)
+                if repeats and any(page.size > max_page_bytes for page in pages):
+                    raise ValueError(
+                        f"a page of {column.path_in_schema} is over the reader's ceiling of "
+                        f"{max_page_bytes} bytes"
+                    )
+                rows = checked_levels(raw, column, repeats).rows
+                if index and rows != first:
+                    raise ValueError(
+                        f"row group {group}'s pages hold {first} rows of "
+                        f"{row_group.column(0).path_in_schema}, {rows} of {column.path_in_schema}"
+                    )
+                first = rows if not index else first
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def _stray_bytes(
