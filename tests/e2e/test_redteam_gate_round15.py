@@ -91,7 +91,6 @@ def test_a_row_group_inside_an_unread_columns_chunk_loses_none_silently(tiny_tok
     assert _lost_none(_run(tiny_tokenizer, tmp_path, footer, body))
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_a_row_group_inside_a_claimed_offset_index_loses_none_silently(tiny_tokenizer, tmp_path):
     """The same cause, by the index regions round 14 counts as accounted for (_chunk_extras):
     the footer lists row group 0 alone and gives its last chunk an offset index (ColumnChunk

@@ -350,8 +350,9 @@ def parquet_file(
             thrift_container_size_limit=max_footer_bytes,
         )
         _check_schema(path, parquet.schema_arrow)
-        _check_chunks(path, raw, parquet.metadata, PAGE_BOUND_MULTIPLE * max_footer_bytes)
-        found = _stray_bytes(path, raw, footer, parquet.metadata, body_end)
+        max_page_bytes = PAGE_BOUND_MULTIPLE * max_footer_bytes
+        _check_chunks(path, raw, parquet.metadata, max_page_bytes)
+        found = _stray_bytes(path, raw, footer, parquet.metadata, body_end, max_page_bytes)
         if found is not None and stray is None:
             raise ValueError(f"{path}: {found}")
         if found is not None:
@@ -510,7 +511,12 @@ def _check_chunks(
 
 
 def _stray_bytes(
-    path: str, raw: IO[bytes], footer: dict[int, Any], metadata: pq.FileMetaData, body_end: int
+    path: str,
+    raw: IO[bytes],
+    footer: dict[int, Any],
+    metadata: pq.FileMetaData,
+    body_end: int,
+    max_page_bytes: int,
 ) -> StrayBytes | None:
     """The bytes of the body, between the opening magic and the footer (body_end), that no
     part the footer lists holds, or None: the parts are each column chunk (as Arrow reads it:
@@ -524,7 +530,9 @@ def _stray_bytes(
         row_group = metadata.row_group(index)
         for column, chunk in enumerate(group.get(1) or []):
             parts.append((*_chunk_range(row_group.column(column)), chunk))
-            parts.extend((*extra, None) for extra in _chunk_extras(raw, chunk, body_end))
+            pages = chunk_pages(raw, row_group.column(column))  # walked: _check_chunks
+            extras = _chunk_extras(raw, chunk, pages, max_page_bytes, body_end)
+            parts.extend((*extra, None) for extra in extras)
     parts.sort(key=lambda part: part[:2])
     at, first, size, chunk = len(PARQUET_MAGIC), None, 0, None
     for start, end, entry in [*parts, (body_end, body_end, None)]:
@@ -576,25 +584,102 @@ _BLOOM_FIELDS = (14, 15)
 
 
 def _chunk_extras(
-    raw: IO[bytes], chunk: dict[int, Any], body_end: int
+    raw: IO[bytes],
+    chunk: dict[int, Any],
+    pages: tuple[Page, ...],
+    max_page_bytes: int,
+    body_end: int,
 ) -> Iterator[tuple[int, int]]:
     """The bytes [start, end) of what a column chunk's footer entry points to besides its
-    pages: its offset index, column index and bloom filter, as far as it names them."""
-    column = chunk.get(3) if isinstance(chunk.get(3), dict) else {}
-    for entry, (offset_field, length_field) in (
-        *((chunk, fields) for fields in _INDEX_FIELDS),
-        (column, _BLOOM_FIELDS),
+    pages (its walked pages): its offset index, column index and bloom filter, as far as it
+    names them, each decoded as what it claims to be and ending where the claim ends
+    (ValueError if not): a byte counts as accounted for only when a decoder consumed it. A
+    region outside the body is yielded unread (_stray_bytes refuses it)."""
+    data = [page for page in pages if page.version]
+    for (offset_field, length_field), check in zip(
+        _INDEX_FIELDS, (_check_offset_index, _check_column_index)
     ):
-        offset, length = entry.get(offset_field), entry.get(length_field)
-        if not isinstance(offset, int):
+        offset, length = chunk.get(offset_field), chunk.get(length_field)
+        if offset is None and length is None:
             continue
-        if not isinstance(length, int):  # a bloom filter's: its header's size and bitset's
-            length = 1  # past the body: refused without a read
-            if len(PARQUET_MAGIC) <= offset < body_end:
-                header, header_bytes = _page_header(raw, offset)
-                bitset = header.get(1)
-                length = header_bytes + (bitset if isinstance(bitset, int) else 0)
+        if not isinstance(offset, int) or not isinstance(length, int):
+            raise ValueError(f"a page index at {offset} of no length {length}")
+        if len(PARQUET_MAGIC) <= offset and offset + length <= body_end:
+            # an index is a few varints a page, a column index two values a page at most
+            if length > max_page_bytes + 64 * (len(data) + 1):
+                raise ValueError(f"a page index at byte {offset} of {length} bytes, over its bound")
+            raw.seek(offset)
+            check(offset, _IndexReader.exact(raw.read(length), offset), data)
         yield offset, offset + length
+    column = chunk.get(3) if isinstance(chunk.get(3), dict) else {}
+    offset, length = column.get(_BLOOM_FIELDS[0]), column.get(_BLOOM_FIELDS[1])
+    if not isinstance(offset, int):
+        return
+    if len(PARQUET_MAGIC) <= offset < body_end:
+        header, header_bytes = _page_header(raw, offset)
+        size = header.get(1)
+        # split-block, xxhash, uncompressed: the one filter the spec defines, each an empty
+        # struct inside its union; its bitset, of whole 32-byte blocks, follows the header
+        if header != {1: size, 2: {1: {}}, 3: {1: {}}, 4: {1: {}}} or not (
+            isinstance(size, int) and 0 < size and size % 32 == 0
+        ):
+            raise ValueError(f"a bloom filter at byte {offset} of a header not the spec's")
+        if length is not None and length != header_bytes + size:
+            raise ValueError(
+                f"a bloom filter at byte {offset} of {header_bytes + size} bytes, its footer "
+                f"entry claims {length}"
+            )
+        length = header_bytes + size
+    yield offset, offset + (length if isinstance(length, int) else 1)  # past the body: refused
+
+
+def _ints(value: Any, count: int | None = None) -> bool:
+    """Whether a value is a list of integers (of `count` of them)."""
+    return (
+        isinstance(value, list)
+        and all(isinstance(item, int) for item in value)
+        and (count is None or len(value) == count)
+    )
+
+
+def _check_offset_index(offset: int, index: dict[int, Any], pages: list[Page]) -> None:
+    """An OffsetIndex locates exactly the chunk's data pages, as walked, and nothing else."""
+    locations = index.get(1)
+    found = (
+        [tuple(location.get(f) for f in (1, 2)) for location in locations]
+        if isinstance(locations, list) and all(isinstance(x, dict) for x in locations)
+        else None
+    )
+    rows = [location.get(3) for location in locations] if found is not None else []
+    if (
+        found != [page.location for page in pages]
+        or any(set(location) - {1, 2, 3} for location in locations)
+        or not _ints(rows)
+        or rows[:1] not in ([], [0])
+        or any(b < a for a, b in zip(rows, rows[1:]))
+        or set(index) - {1, 2}
+        or (2 in index and not _ints(index[2], len(pages)))
+    ):
+        raise ValueError(f"the offset index at byte {offset} does not locate its chunk's pages")
+
+
+def _check_column_index(offset: int, index: dict[int, Any], pages: list[Page]) -> None:
+    """A ColumnIndex holds a page's entry for each data page, each min and max value no longer
+    than its page (a value of it), and no field the format does not define."""
+    count = len(pages)
+    bounds = [index.get(2), index.get(3)]
+    if (
+        set(index) - set(range(1, 8))
+        or not _ints(index.get(1), count)
+        or not all(_ints(values, count) for values in bounds)
+        or any(
+            size > page.size for values in bounds for size, page in zip(values, pages, strict=True)
+        )
+        or not isinstance(index.get(4), int)
+        or not all(_ints(index[field]) for field in (5, 6, 7) if field in index)
+        or (5 in index and len(index[5]) != count)
+    ):
+        raise ValueError(f"the column index at byte {offset} is not one of its chunk's pages")
 
 
 def _check_schema(path: str, schema: pa.Schema) -> None:
@@ -910,6 +995,12 @@ class Page(NamedTuple):
     stored: int  # its data's bytes in the file (compressed)
     version: int  # a data page's format, 1 or 2; 0 for any other page (the dictionary)
     repetition: int  # v1: its repetition levels' encoding; v2: their bytes (stored plain)
+    at: int = 0  # its header's first byte in the file
+
+    @property
+    def location(self) -> tuple[int, int]:
+        """The page as an offset index locates it: its header's offset, its bytes in all."""
+        return self.at, self.start + self.stored - self.at
 
 
 # What the page walks of an open Parquet file found, by the bytes walked: the page checks, the
@@ -995,6 +1086,7 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
             compressed,
             version,
             repetition,
+            offset,
         )
         offset += header_bytes + compressed
     if offset != end:
@@ -1340,6 +1432,30 @@ class _CompactReader:
     def _zigzag(self) -> int:
         value = self._varint()
         return (value >> 1) ^ -(value & 1)
+
+
+class _IndexReader(_CompactReader):
+    """A page index (Thrift's compact protocol) decoded whole, its strings kept as their
+    lengths: a string is where bytes could hide."""
+
+    @classmethod
+    def exact(cls, data: bytes, offset: int) -> dict[int, Any]:
+        """The struct `data` holds, ending at its end (ValueError if not)."""
+        reader = cls(data)
+        try:
+            fields = reader.struct()
+        except IndexError:
+            fields = None
+        if fields is None or reader.position != len(data):
+            raise ValueError(f"the page index at byte {offset} is not one of its claimed length")
+        return fields
+
+    def _value(self, kind: int, depth: int) -> Any:
+        if kind == 8:
+            size = self._varint()
+            self._skip(size)
+            return size
+        return super()._value(kind, depth)
 
 
 class _OverWeight(Exception):
