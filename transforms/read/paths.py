@@ -391,12 +391,26 @@ SCHEMA_ELEMENT_BYTES = 1024
 FOOTER_WEIGHT_FLOOR = 1 << 20
 
 
-def check_footer(path: str, footer: bytes, max_footer_bytes: int) -> dict[int, Any]:
+class Footer(NamedTuple):
+    """A Parquet footer decoded (FileMetaData's fields), with the bytes each struct of it was
+    decoded from."""
+
+    fields: dict[int, Any]
+    data: bytes
+    spans: dict[int, tuple[int, int]]  # a decoded struct's id -> its bytes [start, end) in data
+
+    def encoded(self, struct: dict[int, Any]) -> bytes:
+        """The bytes of the footer one of its decoded structs was read from."""
+        start, end = self.spans[id(struct)]
+        return self.data[start:end]
+
+
+def check_footer(path: str, footer: bytes, max_footer_bytes: int) -> Footer:
     """The footer's checks made on its bytes by kvtrace's own Thrift reader, before Arrow parses
     it: FooterOverBound when it weighs more than max_footer_bytes (FOOTER_WEIGHT_FLOOR at
     least) in the units Arrow spends memory on (_FooterWalk.weight), not its bytes;
     ValueError when it is not Thrift, or not of the shape Arrow builds safely
-    (_check_footer_shape). The footer's fields as decoded (_CompactReader)."""
+    (_check_footer_shape). The footer as decoded (_CompactReader)."""
     most = max(max_footer_bytes, FOOTER_WEIGHT_FLOOR)
     try:
         _FooterWalk(footer).weight(most)
@@ -411,15 +425,16 @@ def check_footer(path: str, footer: bytes, max_footer_bytes: int) -> dict[int, A
     return _check_footer_shape(path, footer)  # within its weight: decoded whole
 
 
-def _check_footer_shape(path: str, footer: bytes) -> dict[int, Any]:
+def _check_footer_shape(path: str, footer: bytes) -> Footer:
     """The footer (FileMetaData), decoded by kvtrace's own Thrift reader before Arrow builds any
     column's metadata from it, holds each row group's column chunks as its schema's leaves are,
     one each in order, and each chunk's level histograms (its size statistics) one count per
     level of its column, or none; ValueError if not. Arrow throws past every handler on a
     histogram of another length (the process aborts), and fails on a row group short of a
-    chunk with errors of its own. Returns the footer's fields."""
+    chunk with errors of its own. Returns the footer decoded."""
+    reader = _CompactReader(footer, spans={})
     try:
-        metadata = _CompactReader(footer).struct()
+        metadata = reader.struct()
     except IndexError:
         raise ValueError(f"{path}: a Parquet footer that breaks off") from None
     leaves = _leaf_levels(path, metadata.get(2))
@@ -445,7 +460,7 @@ def _check_footer_shape(path: str, footer: bytes) -> dict[int, Any]:
                         f"{path}: Parquet size statistics counting {len(counts)} levels of a "
                         f"column that has {most + 1}"
                     )
-    return metadata
+    return Footer(metadata, footer, reader.spans)
 
 
 def _leaf_levels(path: str, elements: Any) -> list[tuple[int, int]]:
@@ -513,7 +528,7 @@ def _check_chunks(
 def _stray_bytes(
     path: str,
     raw: IO[bytes],
-    footer: dict[int, Any],
+    footer: Footer,
     metadata: pq.FileMetaData,
     body_end: int,
     max_page_bytes: int,
@@ -525,17 +540,19 @@ def _stray_bytes(
     Parts that overlap (a chunk named twice, whose rows would be read twice and its own left
     unread) or lie outside the body are a layout no writer makes: ValueError. Costs a sort of
     the footer's parts and a read of the gaps, each up to its first stray byte."""
-    parts: list[tuple[int, int, dict[int, Any] | None]] = []  # a chunk's with its entry
-    for index, group in enumerate(footer.get(4) or []):
+    # a chunk's with the bytes of its footer entry and of its metadata (_stray_gap)
+    parts: list[tuple[int, int, tuple[bytes, ...]]] = []
+    for index, group in enumerate(footer.fields.get(4) or []):
         row_group = metadata.row_group(index)
         for column, chunk in enumerate(group.get(1) or []):
-            parts.append((*_chunk_range(row_group.column(column)), chunk))
+            entries = tuple(footer.encoded(e) for e in (chunk, chunk.get(3)) if isinstance(e, dict))
+            parts.append((*_chunk_range(row_group.column(column)), entries))
             pages = chunk_pages(raw, row_group.column(column))  # walked: _check_chunks
             extras = _chunk_extras(raw, chunk, pages, max_page_bytes, body_end)
-            parts.extend((*extra, None) for extra in extras)
+            parts.extend((*extra, ()) for extra in extras)
     parts.sort(key=lambda part: part[:2])
-    at, first, size, chunk = len(PARQUET_MAGIC), None, 0, None
-    for start, end, entry in [*parts, (body_end, body_end, None)]:
+    at, first, size, copies = len(PARQUET_MAGIC), None, 0, ()
+    for start, end, entries in [*parts, (body_end, body_end, ())]:
         if start == end < body_end:  # no bytes
             continue
         if start < len(PARQUET_MAGIC) or end < start or end > body_end:
@@ -548,25 +565,25 @@ def _stray_bytes(
                 f"{path}: parts of a Parquet file its footer lists overlap at byte {start} "
                 "(a column chunk named twice?): a layout no writer makes"
             )
-        if _stray_gap(raw, at, start, chunk):
+        if _stray_gap(raw, at, start, copies):
             first, size = at if first is None else first, size + start - at
-        at, chunk = end, entry
+        at, copies = end, entries
     return None if first is None else StrayBytes(first, size)
 
 
-def _stray_gap(raw: IO[bytes], start: int, end: int, chunk: dict[int, Any] | None) -> bool:
+def _stray_gap(raw: IO[bytes], start: int, end: int, copies: tuple[bytes, ...]) -> bool:
     """Whether the gap [start, end) between the parts of a file holds other than what writers
     leave there: zeros (parquet-mr pads row groups so), after the copy of the metadata of the
-    column chunk before it (chunk: its footer entry) that some write behind its pages (the
-    spec's first layout: polars, parquet-cpp 1.x), decoding as the entry does, or its
-    metadata. Reads the gap a chunk at a time up to its first stray byte."""
-    if chunk is not None and start < end:
-        try:
-            copy, size = _page_header(raw, start)
-        except ValueError:
-            copy, size = None, 0
-        if copy in (chunk, chunk.get(3)) and start + size <= end:
-            start += size
+    column chunk before it that some write behind its pages (the spec's first layout: polars,
+    parquet-cpp 1.x): one of `copies`, its footer entry's or its metadata's bytes as the
+    footer encodes them, byte for byte (a copy decoding alike could hide bytes in what the
+    decoder skips: key-value metadata, strings). Reads the gap a chunk at a time up to its
+    first stray byte."""
+    for copy in copies:
+        raw.seek(start)
+        if len(copy) <= end - start and raw.read(len(copy)) == copy:
+            start += len(copy)
+            break
     raw.seek(start)
     while start < end:
         data = raw.read(min(READ_CHUNK_BYTES, end - start))
@@ -1363,18 +1380,21 @@ class _CompactReader:
 
     _MAX_DEPTH = 8
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, spans: dict[int, tuple[int, int]] | None = None):
         self._data = data
         self.position = 0
+        self.spans = spans  # kept when given: each struct's bytes, by its id (Footer.spans)
 
     def struct(self, depth: int = 0) -> dict[int, Any]:
         self._nest(depth)
         fields: dict[int, Any] = {}
-        field_id = 0
+        field_id, start = 0, self.position
         while (head := self._byte()) != 0:  # 0: the struct's end
             kind, delta = head & 0x0F, head >> 4
             field_id = field_id + delta if delta else self._zigzag()
             fields[field_id] = (kind == 1) if kind in (1, 2) else self._value(kind, depth)
+        if self.spans is not None:
+            self.spans[id(fields)] = start, self.position
         return fields
 
     def _value(self, kind: int, depth: int) -> Any:

@@ -428,7 +428,7 @@ def test_a_column_chunk_a_footer_names_twice_refuses_the_file(tmp_path):
 def test_the_metadata_copy_a_writer_leaves_behind_a_chunk_is_accounted_for(tmp_path):
     """The spec's first layout (polars, parquet-cpp 1.x): each chunk's metadata written again
     behind its pages. Such a copy reads as part of the file; bytes that only look like one
-    (another chunk's metadata) do not."""
+    (another chunk's metadata, or one decoding alike whose strings hold more) do not."""
     buffer = io.BytesIO()
     pq.write_table(pa.table({"n": [1, 2, 3]}), buffer)
     footer, body = parquet_footer(buffer.getvalue())
@@ -440,6 +440,11 @@ def test_the_metadata_copy_a_writer_leaves_behind_a_chunk_is_accounted_for(tmp_p
     other = copy.deepcopy(thrift_field(chunk, 3)[2])
     thrift_field(other, 5)[2] += 1  # another num_values
     path.write_bytes(with_parquet_footer(body + thrift_encode(other), footer))
+    with pytest.raises(ValueError, match="lie in no part"):
+        read_parquet_within(str(path), 1 << 20, ["n"])
+    alike = copy.deepcopy(thrift_field(chunk, 3)[2])
+    thrift_field(alike, 3)[2] = (8, [b"n" + b"hidden row group" * 8])  # path_in_schema
+    path.write_bytes(with_parquet_footer(body + thrift_encode(alike), footer))
     with pytest.raises(ValueError, match="lie in no part"):
         read_parquet_within(str(path), 1 << 20, ["n"])
 
