@@ -35,6 +35,15 @@ from kvtrace.transforms.read.decompress import DecodedStream, form_name
 from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH
 from kvtrace.transforms.read.numbers import Reader, json_reader
 from kvtrace.transforms.read.parquet_frame import PARQUET_MAGIC, TAIL_BYTES, footer_length
+from kvtrace.transforms.read.parquet_payload import (
+    DECODED_ENCODINGS,
+    RLE,
+    decompressed,
+    hybrid_end,
+    unpacked,
+    values_end,
+    varint,
+)
 from kvtrace.transforms.storage import is_url
 
 _LOG = logging.getLogger("kvtrace")
@@ -493,36 +502,104 @@ def _check_chunks(
     path: str, raw: IO[bytes], metadata: pq.FileMetaData, max_page_bytes: int
 ) -> None:
     """Every column chunk the footer lists, read or not, walked page by page (the walk the
-    readers share: chunk_pages, checked_levels): its pages fill exactly the bytes it claims and
-    hold as many rows as every other chunk of its group (the footer's count is held to them
-    group by group as it is read: _check_group_rows); ValueError if not. _stray_bytes counts a chunk's bytes as accounted
-    for, which holds only of bytes its pages were walked over: a chunk grown over a row group
-    left out of the footer tiles it with that group's pages, and counts their rows too. A
-    repeated column's v1 pages are decompressed to count rows: pages over max_page_bytes
-    refuse the file first (the readers' ceiling; a chunk not read is not exempt)."""
+    readers share: chunk_pages, checked_levels): its pages fill exactly the bytes it claims,
+    each page's payload decodes to its end (_check_payload), and it holds as many rows as
+    every other chunk of its group (the footer's count is held to them group by group as it
+    is read: _check_group_rows); ValueError if not. _stray_bytes counts a chunk's bytes as
+    accounted for, which holds only of bytes a decoder consumed: a chunk grown over a row
+    group left out of the footer tiles it with that group's pages and counts their rows too,
+    a page grown over it holds bytes past its values. A page over max_page_bytes (the
+    readers' ceiling) is not read here, to stay within it: its payload goes unchecked, and a
+    repeated chunk holding one goes uncounted (read, its group is refused unread:
+    oversized_pages)."""
     schema = metadata.schema
-    first = 0  # the rows of the group's first chunk
     try:
         for group in range(metadata.num_row_groups):
             row_group = metadata.row_group(group)
+            counted: tuple[int, str] | None = None  # the rows of the group's first chunk
             for index in range(row_group.num_columns):
                 column = row_group.column(index)
-                repeats = schema.column(index).max_repetition_level
+                descriptor = schema.column(index)
+                repeats = descriptor.max_repetition_level
                 pages = chunk_pages(raw, column)
-                if repeats and any(page.size > max_page_bytes for page in pages):
-                    raise ValueError(
-                        f"a page of {column.path_in_schema} is over the reader's ceiling of "
-                        f"{max_page_bytes} bytes"
-                    )
+                if any(max(page.size, page.stored) > max_page_bytes for page in pages):
+                    if repeats:
+                        continue
+                else:
+                    for page in pages:
+                        _check_payload(raw, column, descriptor, page)
                 rows = checked_levels(raw, column, repeats).rows
-                if index and rows != first:
+                counted = counted or (rows, column.path_in_schema)
+                if rows != counted[0]:
                     raise ValueError(
-                        f"row group {group}'s pages hold {first} rows of "
-                        f"{row_group.column(0).path_in_schema}, {rows} of {column.path_in_schema}"
+                        f"row group {group}'s pages hold {counted[0]} rows of {counted[1]}, "
+                        f"{rows} of {column.path_in_schema}"
                     )
-                first = rows if not index else first
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+
+
+def _check_payload(
+    raw: IO[bytes], column: pq.ColumnChunkMetaData, descriptor: pq.ColumnSchema, page: Page
+) -> None:
+    """A page's payload decodes to its end (ValueError if not), as Arrow decodes it: its codec
+    consumes exactly its stored bytes to exactly its header's size (decompressed), its levels
+    (RLE, their length stated) end where stated and count its non-null values, and its values
+    (parquet_payload.values_end) end at its end, or before zeros alone. Arrow stops once it has the values the
+    header counts, so bytes past them would be accounted for unread. A page in an encoding
+    not decoded here (DELTA_*) is held to its codec alone; uncompressed, to nothing: refused
+    (no common writer makes one by default: docs/BOUNDS.md)."""
+    name = column.path_in_schema
+    raw.seek(page.start)
+    stored = raw.read(page.stored)
+    if len(stored) != page.stored:
+        raise ValueError(f"a page of {name} ends past its file")
+    codec = column.compression if page.compressed else "UNCOMPRESSED"
+    levels = page.repetition + page.definition if page.version == 2 else 0
+    if levels > len(stored):
+        raise ValueError(f"a page of {name} whose levels overrun it")
+    data = stored[:levels] + decompressed(stored[levels:], codec, page.size - levels)
+    count, at = page.values, 0
+    if page.version:  # a data page: its levels, each a value or a null
+        at, count = _page_levels(data, descriptor, page)
+    encoding = page.encoding if page.version else 0  # a dictionary page's entries are PLAIN
+    if encoding not in DECODED_ENCODINGS:
+        if codec == "UNCOMPRESSED":
+            raise ValueError(f"an uncompressed page of {name} in encoding {encoding}, not read")
+        return
+    width = 0 if column.physical_type == "BOOLEAN" else None
+    if width is None:
+        width = fixed_value_bytes(column.physical_type, descriptor.length)
+    end = values_end(data, at, encoding, width, count)
+    # fastparquet ends its pages with 8 zeros: zeros hold nothing, as between parts
+    if end > len(data) or data.count(0, end) != len(data) - end:
+        raise ValueError(f"a page of {name} holds other than its values' bytes")
+
+
+def _page_levels(data: bytes, descriptor: pq.ColumnSchema, page: Page) -> tuple[int, int]:
+    """Where a data page's (decompressed) levels end and its values start, and how many values
+    it holds (its definition levels at the most); ValueError when its levels do not end where
+    they state."""
+    at, count = 0, page.values
+    tops = descriptor.max_repetition_level, descriptor.max_definition_level
+    for field, (most, stated) in enumerate(zip(tops, (page.repetition, page.definition))):
+        if page.version == 2:  # stated: their bytes
+            size, start = stated, at
+        elif most:  # stated: their encoding; their bytes before them
+            if stated != RLE:
+                raise ValueError("a page's levels are stored other than as RLE")
+            size, start = int.from_bytes(data[at : at + 4], "little"), at + 4
+        else:
+            continue
+        end, found = start, 0
+        if most:
+            window = data[: start + size]
+            end, found = hybrid_end(window, start, most.bit_length(), page.values, most)
+        if end != start + size:
+            raise ValueError("a page's levels do not end where they state")
+        at = end
+        count = found if field and most else count
+    return at, count
 
 
 def _stray_bytes(
@@ -1013,6 +1090,8 @@ class Page(NamedTuple):
     version: int  # a data page's format, 1 or 2; 0 for any other page (the dictionary)
     repetition: int  # v1: its repetition levels' encoding; v2: their bytes (stored plain)
     at: int = 0  # its header's first byte in the file
+    definition: int = 0  # v1: its definition levels' encoding; v2: their bytes (stored plain)
+    compressed: bool = True  # v2: whether its values are (a v1 page's data always is)
 
     @property
     def location(self) -> tuple[int, int]:
@@ -1088,10 +1167,11 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
         kind = header.get(field) if isinstance(header.get(field), dict) else {}
         values, encoding = kind.get(1), kind.get({5: 2, 8: 4}.get(field, 0))
         repetition = kind.get({5: 4, 8: 6}.get(field, 0), 0)
+        definition = kind.get({5: 3, 8: 5}.get(field, 0), 0)
         # Thrift i32s (Arrow's int): a value Arrow would read otherwise is damage
         if not all(
             isinstance(n, int) and 0 <= n < 1 << 31
-            for n in (uncompressed, compressed, values, repetition)
+            for n in (uncompressed, compressed, values, repetition, definition)
         ):
             raise ValueError(f"damaged page header at byte {offset} of {column.path_in_schema}")
         version = {5: 1, 8: 2}.get(field, 0)
@@ -1104,6 +1184,8 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
             version,
             repetition,
             offset,
+            definition,
+            kind.get(7, True) if field == 8 else True,
         )
         offset += header_bytes + compressed
     if offset != end:
@@ -1139,17 +1221,6 @@ def chunk_levels(
     return Levels(rows.rows, values, rows.most_levels())
 
 
-# Parquet's codecs as pyarrow names them; LZ4 (Hadoop's framing or none) is read apart.
-_PAGE_CODECS = {
-    "SNAPPY": "snappy",
-    "GZIP": "gzip",
-    "BROTLI": "brotli",
-    "ZSTD": "zstd",
-    "LZ4_RAW": "lz4_raw",
-}
-RLE_ENCODING = 3  # Parquet's Encoding enum: the RLE / bit-packed hybrid
-
-
 def _repetition_levels(raw: IO[bytes], column: pq.ColumnChunkMetaData, page: Page) -> bytes:
     """A data page's repetition levels as stored (the RLE / bit-packed hybrid, no length
     prefix): a v2 page keeps them plain ahead of its values; a v1 page opens its (decompressed)
@@ -1161,55 +1232,16 @@ def _repetition_levels(raw: IO[bytes], column: pq.ColumnChunkMetaData, page: Pag
     raw.seek(page.start)
     if page.version == 2:
         return raw.read(stored)
-    if page.repetition != RLE_ENCODING:
+    if page.repetition != RLE:
         raise ValueError(
             f"a page of {column.path_in_schema} stores repetition levels as encoding "
             f"{page.repetition}, not RLE"
         )
-    data = _decompressed(raw.read(page.stored), column.compression, page.size)
+    data = decompressed(raw.read(page.stored), column.compression, page.size)
     length = int.from_bytes(data[:4], "little")
     if len(data) < 4 + length:
         raise ValueError(f"a page of {column.path_in_schema} ends inside its levels")
     return data[4 : 4 + length]
-
-
-def _decompressed(data: bytes, codec: str, size: int) -> bytes:
-    """A v1 page's data decompressed to its header's size (ValueError if it is not)."""
-    try:
-        if codec == "UNCOMPRESSED":
-            out = data
-        elif codec == "LZ4":
-            framed = _lz4_hadoop(data, size)
-            out = pa.decompress(data, size, "lz4_raw", asbytes=True) if framed is None else framed
-        elif codec in _PAGE_CODECS:
-            out = pa.decompress(data, size, _PAGE_CODECS[codec], asbytes=True)
-        else:
-            raise ValueError(f"pages compressed as {codec} cannot be read")
-    except (pa.ArrowException, OSError) as err:  # pyarrow's corrupt data: an OSError
-        raise ValueError(f"a page does not decompress: {err}") from None
-    if len(out) != size:
-        raise ValueError(f"a page decompresses to {len(out)} bytes, not its header's {size}")
-    return out
-
-
-def _lz4_hadoop(data: bytes, size: int) -> bytes | None:
-    """LZ4 blocks in Hadoop's framing (each block's decompressed and compressed sizes, 4 bytes
-    big-endian, before it), as Arrow reads them first; None when the data is not so framed
-    (Arrow then reads it as one raw block)."""
-    out, at, produced = [], 0, 0
-    while len(data) - at >= 8:
-        expected = int.from_bytes(data[at : at + 4], "big")
-        stored = int.from_bytes(data[at + 4 : at + 8], "big")
-        at += 8
-        if stored > len(data) - at or expected > size - produced:
-            return None
-        try:
-            out.append(pa.decompress(data[at : at + stored], expected, "lz4_raw", asbytes=True))
-        except (pa.ArrowException, OSError):
-            return None
-        at += stored
-        produced += expected
-    return b"".join(out) if at == len(data) else None
 
 
 class _RowCounter:
@@ -1271,14 +1303,14 @@ class _RowCounter:
 def _packed_zeros(levels: bytes, width: int, runs: list[_Run]) -> np.ndarray:
     """Where in their page bit-packed runs hold a level of 0, the runs unpacked together."""
     groups = np.array([-(-run.levels // 8) for run in runs])
-    unpacked = _unpacked(
+    found = unpacked(
         b"".join(
             levels[run.packed : run.packed + int(size) * width] for run, size in zip(runs, groups)
         ),
         width,
     )
     ends = np.cumsum(groups) * 8  # each run's end among the unpacked levels
-    zeros = np.flatnonzero(unpacked == 0)
+    zeros = np.flatnonzero(found == 0)
     shift = np.array([run.first for run in runs]) - (ends - groups * 8)
     return zeros + shift[np.searchsorted(ends, zeros, side="right")]
 
@@ -1306,7 +1338,7 @@ def _hybrid_runs(levels: bytes, width: int, count: int) -> Iterator[_Run]:
         if at >= size:
             raise ValueError("a page's repetition levels end before its values")
         header = levels[at]  # most headers are one byte
-        header, at = (header, at + 1) if header < 0x80 else _varint(levels, at)
+        header, at = (header, at + 1) if header < 0x80 else varint(levels, at)
         length = header >> 1
         if header & 1:  # bit-packed: `length` groups of 8 levels
             if length * width > size - at:
@@ -1329,27 +1361,6 @@ def _hybrid_runs(levels: bytes, width: int, count: int) -> Iterator[_Run]:
             if zero and length:
                 yield _Run(position, length, -1)
             position += length
-
-
-def _unpacked(packed: bytes, width: int) -> np.ndarray:
-    """Levels bit-packed `width` bits each, least significant bit first (Parquet's order)."""
-    bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), bitorder="little")
-    if width == 1:
-        return bits
-    return bits.reshape(-1, width) @ (1 << np.arange(width))
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    """An unsigned LEB128 integer at `at`, and where the data goes on."""
-    value = shift = 0
-    while shift < 64 and at < len(data):
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
-    raise ValueError("a page's repetition levels hold a damaged run header")
 
 
 def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:
