@@ -545,10 +545,10 @@ def _check_payload(
     """A page's payload decodes to its end (ValueError if not), as Arrow decodes it: its codec
     consumes exactly its stored bytes to exactly its header's size (decompressed), its levels
     (RLE, their length stated) end where stated and count its non-null values, and its values
-    (parquet_payload.values_end) end at its end, or before zeros alone. Arrow stops once it has the values the
-    header counts, so bytes past them would be accounted for unread. A page in an encoding
-    not decoded here (DELTA_*) is held to its codec alone; uncompressed, to nothing: refused
-    (no common writer makes one by default: docs/BOUNDS.md)."""
+    (parquet_payload.values_end) end at its end, or before zeros alone. Arrow stops once it
+    has the values the header counts, so bytes past them would be accounted for unread. A
+    page in an encoding not decoded here (DELTA_*) is held to its codec alone; uncompressed,
+    to nothing: refused (no common writer makes one by default: docs/BOUNDS.md)."""
     name = column.path_in_schema
     raw.seek(page.start)
     stored = raw.read(page.stored)
@@ -556,7 +556,7 @@ def _check_payload(
         raise ValueError(f"a page of {name} ends past its file")
     codec = column.compression if page.compressed else "UNCOMPRESSED"
     levels = page.repetition + page.definition if page.version == 2 else 0
-    if levels > len(stored):
+    if levels > min(len(stored), page.size):
         raise ValueError(f"a page of {name} whose levels overrun it")
     data = stored[:levels] + decompressed(stored[levels:], codec, page.size - levels)
     count, at = page.values, 0
@@ -567,9 +567,8 @@ def _check_payload(
         if codec == "UNCOMPRESSED":
             raise ValueError(f"an uncompressed page of {name} in encoding {encoding}, not read")
         return
-    width = 0 if column.physical_type == "BOOLEAN" else None
-    if width is None:
-        width = fixed_value_bytes(column.physical_type, descriptor.length)
+    kind = column.physical_type  # PLAIN booleans take a bit each: width 0
+    width = 0 if kind == "BOOLEAN" else fixed_value_bytes(kind, descriptor.length)
     end = values_end(data, at, encoding, width, count)
     # fastparquet ends its pages with 8 zeros: zeros hold nothing, as between parts
     if end > len(data) or data.count(0, end) != len(data) - end:
