@@ -561,7 +561,9 @@ def _check_payload(
     data = stored[:levels] + decompressed(stored[levels:], codec, page.size - levels)
     count, at = page.values, 0
     if page.version:  # a data page: its levels, each a value or a null
-        at, count = _page_levels(data, descriptor, page)
+        at, count, repetition = _page_levels(data, descriptor, page)
+        if descriptor.max_repetition_level:  # for the row count (_repetition_levels)
+            _WALKED.setdefault(raw, {})[("repetition", page.start)] = repetition
     encoding = page.encoding if page.version else 0  # a dictionary page's entries are PLAIN
     if encoding not in DECODED_ENCODINGS:
         if codec == "UNCOMPRESSED":
@@ -575,11 +577,11 @@ def _check_payload(
         raise ValueError(f"a page of {name} holds other than its values' bytes")
 
 
-def _page_levels(data: bytes, descriptor: pq.ColumnSchema, page: Page) -> tuple[int, int]:
-    """Where a data page's (decompressed) levels end and its values start, and how many values
-    it holds (its definition levels at the most); ValueError when its levels do not end where
-    they state."""
-    at, count = 0, page.values
+def _page_levels(data: bytes, descriptor: pq.ColumnSchema, page: Page) -> tuple[int, int, bytes]:
+    """Where a data page's (decompressed) levels end and its values start, how many values it
+    holds (its definition levels at the most), and its repetition levels' bytes; ValueError
+    when its levels do not end where they state."""
+    at, count, repetition = 0, page.values, b""
     tops = descriptor.max_repetition_level, descriptor.max_definition_level
     for field, (most, stated) in enumerate(zip(tops, (page.repetition, page.definition))):
         if page.version == 2:  # stated: their bytes
@@ -596,9 +598,10 @@ def _page_levels(data: bytes, descriptor: pq.ColumnSchema, page: Page) -> tuple[
             end, found = hybrid_end(window, start, most.bit_length(), page.values, most)
         if end != start + size:
             raise ValueError("a page's levels do not end where they state")
+        repetition = repetition if field else data[start:end]
         at = end
         count = found if field and most else count
-    return at, count
+    return at, count, repetition
 
 
 def _stray_bytes(
@@ -1223,7 +1226,10 @@ def chunk_levels(
 def _repetition_levels(raw: IO[bytes], column: pq.ColumnChunkMetaData, page: Page) -> bytes:
     """A data page's repetition levels as stored (the RLE / bit-packed hybrid, no length
     prefix): a v2 page keeps them plain ahead of its values; a v1 page opens its (decompressed)
-    data with them and their length."""
+    data with them and their length. Those the payload check decoded (_check_payload) are
+    taken from it, once: the page is not decompressed twice."""
+    if (checked := _WALKED.get(raw, {}).pop(("repetition", page.start), None)) is not None:
+        return checked
     stored = page.repetition if page.version == 2 else page.stored
     # sizes are the header's claims: none is read past the page, nor the file
     if stored > page.stored or page.start + stored > raw.seek(0, os.SEEK_END):
