@@ -76,7 +76,6 @@ def _lost_none(out: Path) -> bool:
     return published == [*(1_000 * i for i in range(6)), LATE_MS] or "damaged_file" in errors
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_a_row_group_inside_an_unread_columns_chunk_loses_none_silently(tiny_tokenizer, tmp_path):
     """Nothing lost. Round 14 accounts for the body by the column chunks the footer lists
     (_stray_bytes), but walks the pages (_pages: they must fill the chunk exactly) only of the
@@ -92,7 +91,6 @@ def test_a_row_group_inside_an_unread_columns_chunk_loses_none_silently(tiny_tok
     assert _lost_none(_run(tiny_tokenizer, tmp_path, footer, body))
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_a_row_group_inside_a_claimed_offset_index_loses_none_silently(tiny_tokenizer, tmp_path):
     """The same cause, by the index regions round 14 counts as accounted for (_chunk_extras):
     the footer lists row group 0 alone and gives its last chunk an offset index (ColumnChunk

@@ -35,6 +35,15 @@ from kvtrace.transforms.read.decompress import DecodedStream, form_name
 from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH
 from kvtrace.transforms.read.numbers import Reader, json_reader
 from kvtrace.transforms.read.parquet_frame import PARQUET_MAGIC, TAIL_BYTES, footer_length
+from kvtrace.transforms.read.parquet_payload import (
+    DECODED_ENCODINGS,
+    RLE,
+    decompressed,
+    hybrid_end,
+    unpacked,
+    values_end,
+    varint,
+)
 from kvtrace.transforms.storage import is_url
 
 _LOG = logging.getLogger("kvtrace")
@@ -350,7 +359,9 @@ def parquet_file(
             thrift_container_size_limit=max_footer_bytes,
         )
         _check_schema(path, parquet.schema_arrow)
-        found = _stray_bytes(path, raw, footer, parquet.metadata, body_end)
+        max_page_bytes = PAGE_BOUND_MULTIPLE * max_footer_bytes
+        _check_chunks(path, raw, parquet.metadata, max_page_bytes)
+        found = _stray_bytes(path, raw, footer, parquet.metadata, body_end, max_page_bytes)
         if found is not None and stray is None:
             raise ValueError(f"{path}: {found}")
         if found is not None:
@@ -389,12 +400,26 @@ SCHEMA_ELEMENT_BYTES = 1024
 FOOTER_WEIGHT_FLOOR = 1 << 20
 
 
-def check_footer(path: str, footer: bytes, max_footer_bytes: int) -> dict[int, Any]:
+class Footer(NamedTuple):
+    """A Parquet footer decoded (FileMetaData's fields), with the bytes each struct of it was
+    decoded from."""
+
+    fields: dict[int, Any]
+    data: bytes
+    spans: dict[int, tuple[int, int]]  # a decoded struct's id -> its bytes [start, end) in data
+
+    def encoded(self, struct: dict[int, Any]) -> bytes:
+        """The bytes of the footer one of its decoded structs was read from."""
+        start, end = self.spans[id(struct)]
+        return self.data[start:end]
+
+
+def check_footer(path: str, footer: bytes, max_footer_bytes: int) -> Footer:
     """The footer's checks made on its bytes by kvtrace's own Thrift reader, before Arrow parses
     it: FooterOverBound when it weighs more than max_footer_bytes (FOOTER_WEIGHT_FLOOR at
     least) in the units Arrow spends memory on (_FooterWalk.weight), not its bytes;
     ValueError when it is not Thrift, or not of the shape Arrow builds safely
-    (_check_footer_shape). The footer's fields as decoded (_CompactReader)."""
+    (_check_footer_shape). The footer as decoded (_CompactReader)."""
     most = max(max_footer_bytes, FOOTER_WEIGHT_FLOOR)
     try:
         _FooterWalk(footer).weight(most)
@@ -409,15 +434,16 @@ def check_footer(path: str, footer: bytes, max_footer_bytes: int) -> dict[int, A
     return _check_footer_shape(path, footer)  # within its weight: decoded whole
 
 
-def _check_footer_shape(path: str, footer: bytes) -> dict[int, Any]:
+def _check_footer_shape(path: str, footer: bytes) -> Footer:
     """The footer (FileMetaData), decoded by kvtrace's own Thrift reader before Arrow builds any
     column's metadata from it, holds each row group's column chunks as its schema's leaves are,
     one each in order, and each chunk's level histograms (its size statistics) one count per
     level of its column, or none; ValueError if not. Arrow throws past every handler on a
     histogram of another length (the process aborts), and fails on a row group short of a
-    chunk with errors of its own. Returns the footer's fields."""
+    chunk with errors of its own. Returns the footer decoded."""
+    reader = _CompactReader(footer, spans={})
     try:
-        metadata = _CompactReader(footer).struct()
+        metadata = reader.struct()
     except IndexError:
         raise ValueError(f"{path}: a Parquet footer that breaks off") from None
     leaves = _leaf_levels(path, metadata.get(2))
@@ -443,7 +469,7 @@ def _check_footer_shape(path: str, footer: bytes) -> dict[int, Any]:
                         f"{path}: Parquet size statistics counting {len(counts)} levels of a "
                         f"column that has {most + 1}"
                     )
-    return metadata
+    return Footer(metadata, footer, reader.spans)
 
 
 def _leaf_levels(path: str, elements: Any) -> list[tuple[int, int]]:
@@ -472,8 +498,119 @@ def _leaf_levels(path: str, elements: Any) -> list[tuple[int, int]]:
     return leaves
 
 
+def _check_chunks(
+    path: str, raw: IO[bytes], metadata: pq.FileMetaData, max_page_bytes: int
+) -> None:
+    """Every column chunk the footer lists, read or not, walked page by page (the walk the
+    readers share: chunk_pages, checked_levels): its pages fill exactly the bytes it claims,
+    each page's payload decodes to its end (_check_payload), and it holds as many rows as
+    every other chunk of its group (the footer's count is held to them group by group as it
+    is read: _check_group_rows); ValueError if not. _stray_bytes counts a chunk's bytes as
+    accounted for, which holds only of bytes a decoder consumed: a chunk grown over a row
+    group left out of the footer tiles it with that group's pages and counts their rows too,
+    a page grown over it holds bytes past its values. A page over max_page_bytes (the
+    readers' ceiling) is not read here, to stay within it: its payload goes unchecked, and a
+    repeated chunk holding one goes uncounted (read, its group is refused unread:
+    oversized_pages)."""
+    schema = metadata.schema
+    try:
+        for group in range(metadata.num_row_groups):
+            row_group = metadata.row_group(group)
+            counted: tuple[int, str] | None = None  # the rows of the group's first chunk
+            for index in range(row_group.num_columns):
+                column = row_group.column(index)
+                descriptor = schema.column(index)
+                repeats = descriptor.max_repetition_level
+                pages = chunk_pages(raw, column)
+                if any(max(page.size, page.stored) > max_page_bytes for page in pages):
+                    if repeats:
+                        continue
+                else:
+                    for page in pages:
+                        _check_payload(raw, column, descriptor, page)
+                rows = checked_levels(raw, column, repeats).rows
+                counted = counted or (rows, column.path_in_schema)
+                if rows != counted[0]:
+                    raise ValueError(
+                        f"row group {group}'s pages hold {counted[0]} rows of {counted[1]}, "
+                        f"{rows} of {column.path_in_schema}"
+                    )
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def _check_payload(
+    raw: IO[bytes], column: pq.ColumnChunkMetaData, descriptor: pq.ColumnSchema, page: Page
+) -> None:
+    """A page's payload decodes to its end (ValueError if not), as Arrow decodes it: its codec
+    consumes exactly its stored bytes to exactly its header's size (decompressed), its levels
+    (RLE, their length stated) end where stated and count its non-null values, and its values
+    (parquet_payload.values_end) end at its end, or before zeros alone. Arrow stops once it
+    has the values the header counts, so bytes past them would be accounted for unread. A
+    page in an encoding not decoded here (DELTA_*) is held to its codec alone; uncompressed,
+    to nothing: refused (no common writer makes one by default: docs/BOUNDS.md)."""
+    name = column.path_in_schema
+    raw.seek(page.start)
+    stored = raw.read(page.stored)
+    if len(stored) != page.stored:
+        raise ValueError(f"a page of {name} ends past its file")
+    codec = column.compression if page.compressed else "UNCOMPRESSED"
+    levels = page.repetition + page.definition if page.version == 2 else 0
+    if levels > min(len(stored), page.size):
+        raise ValueError(f"a page of {name} whose levels overrun it")
+    data = stored[:levels] + decompressed(stored[levels:], codec, page.size - levels)
+    count, at = page.values, 0
+    if page.version:  # a data page: its levels, each a value or a null
+        at, count, repetition = _page_levels(data, descriptor, page)
+        if descriptor.max_repetition_level:  # for the row count (_repetition_levels)
+            _WALKED.setdefault(raw, {})[("repetition", page.start)] = repetition
+    encoding = page.encoding if page.version else 0  # a dictionary page's entries are PLAIN
+    if encoding not in DECODED_ENCODINGS:
+        if codec == "UNCOMPRESSED":
+            raise ValueError(f"an uncompressed page of {name} in encoding {encoding}, not read")
+        return
+    kind = column.physical_type  # PLAIN booleans take a bit each: width 0
+    width = 0 if kind == "BOOLEAN" else fixed_value_bytes(kind, descriptor.length)
+    end = values_end(data, at, encoding, width, count)
+    # fastparquet ends its pages with 8 zeros: zeros hold nothing, as between parts
+    if end > len(data) or data.count(0, end) != len(data) - end:
+        raise ValueError(f"a page of {name} holds other than its values' bytes")
+
+
+def _page_levels(data: bytes, descriptor: pq.ColumnSchema, page: Page) -> tuple[int, int, bytes]:
+    """Where a data page's (decompressed) levels end and its values start, how many values it
+    holds (its definition levels at the most), and its repetition levels' bytes; ValueError
+    when its levels do not end where they state."""
+    at, count, repetition = 0, page.values, b""
+    tops = descriptor.max_repetition_level, descriptor.max_definition_level
+    for field, (most, stated) in enumerate(zip(tops, (page.repetition, page.definition))):
+        if page.version == 2:  # stated: their bytes
+            size, start = stated, at
+        elif most:  # stated: their encoding; their bytes before them
+            if stated != RLE:
+                raise ValueError("a page's levels are stored other than as RLE")
+            size, start = int.from_bytes(data[at : at + 4], "little"), at + 4
+        else:
+            continue
+        end, found = start, 0
+        if most:
+            window = data[: start + size]
+            end, found = hybrid_end(window, start, most.bit_length(), page.values, most)
+        if end != start + size:
+            raise ValueError("a page's levels do not end where they state")
+        repetition = repetition if field else data[start:end]
+        at = end
+        count = found if field and most else count
+    return at, count, repetition
+
+
 def _stray_bytes(
-    path: str, raw: IO[bytes], footer: dict[int, Any], metadata: pq.FileMetaData, body_end: int
+    path: str,
+    raw: IO[bytes],
+    footer: Footer,
+    metadata: pq.FileMetaData,
+    body_end: int,
+    max_page_bytes: int,
 ) -> StrayBytes | None:
     """The bytes of the body, between the opening magic and the footer (body_end), that no
     part the footer lists holds, or None: the parts are each column chunk (as Arrow reads it:
@@ -482,15 +619,19 @@ def _stray_bytes(
     Parts that overlap (a chunk named twice, whose rows would be read twice and its own left
     unread) or lie outside the body are a layout no writer makes: ValueError. Costs a sort of
     the footer's parts and a read of the gaps, each up to its first stray byte."""
-    parts: list[tuple[int, int, dict[int, Any] | None]] = []  # a chunk's with its entry
-    for index, group in enumerate(footer.get(4) or []):
+    # a chunk's with the bytes of its footer entry and of its metadata (_stray_gap)
+    parts: list[tuple[int, int, tuple[bytes, ...]]] = []
+    for index, group in enumerate(footer.fields.get(4) or []):
         row_group = metadata.row_group(index)
         for column, chunk in enumerate(group.get(1) or []):
-            parts.append((*_chunk_range(row_group.column(column)), chunk))
-            parts.extend((*extra, None) for extra in _chunk_extras(raw, chunk, body_end))
+            entries = tuple(footer.encoded(e) for e in (chunk, chunk.get(3)) if isinstance(e, dict))
+            parts.append((*_chunk_range(row_group.column(column)), entries))
+            pages = chunk_pages(raw, row_group.column(column))  # walked: _check_chunks
+            extras = _chunk_extras(raw, chunk, pages, max_page_bytes, body_end)
+            parts.extend((*extra, ()) for extra in extras)
     parts.sort(key=lambda part: part[:2])
-    at, first, size, chunk = len(PARQUET_MAGIC), None, 0, None
-    for start, end, entry in [*parts, (body_end, body_end, None)]:
+    at, first, size, copies = len(PARQUET_MAGIC), None, 0, ()
+    for start, end, entries in [*parts, (body_end, body_end, ())]:
         if start == end < body_end:  # no bytes
             continue
         if start < len(PARQUET_MAGIC) or end < start or end > body_end:
@@ -503,25 +644,25 @@ def _stray_bytes(
                 f"{path}: parts of a Parquet file its footer lists overlap at byte {start} "
                 "(a column chunk named twice?): a layout no writer makes"
             )
-        if _stray_gap(raw, at, start, chunk):
+        if _stray_gap(raw, at, start, copies):
             first, size = at if first is None else first, size + start - at
-        at, chunk = end, entry
+        at, copies = end, entries
     return None if first is None else StrayBytes(first, size)
 
 
-def _stray_gap(raw: IO[bytes], start: int, end: int, chunk: dict[int, Any] | None) -> bool:
+def _stray_gap(raw: IO[bytes], start: int, end: int, copies: tuple[bytes, ...]) -> bool:
     """Whether the gap [start, end) between the parts of a file holds other than what writers
     leave there: zeros (parquet-mr pads row groups so), after the copy of the metadata of the
-    column chunk before it (chunk: its footer entry) that some write behind its pages (the
-    spec's first layout: polars, parquet-cpp 1.x), decoding as the entry does, or its
-    metadata. Reads the gap a chunk at a time up to its first stray byte."""
-    if chunk is not None and start < end:
-        try:
-            copy, size = _page_header(raw, start)
-        except ValueError:
-            copy, size = None, 0
-        if copy in (chunk, chunk.get(3)) and start + size <= end:
-            start += size
+    column chunk before it that some write behind its pages (the spec's first layout: polars,
+    parquet-cpp 1.x): one of `copies`, its footer entry's or its metadata's bytes as the
+    footer encodes them, byte for byte (a copy decoding alike could hide bytes in what the
+    decoder skips: key-value metadata, strings). Reads the gap a chunk at a time up to its
+    first stray byte."""
+    for copy in copies:
+        raw.seek(start)
+        if len(copy) <= end - start and raw.read(len(copy)) == copy:
+            start += len(copy)
+            break
     raw.seek(start)
     while start < end:
         data = raw.read(min(READ_CHUNK_BYTES, end - start))
@@ -539,25 +680,102 @@ _BLOOM_FIELDS = (14, 15)
 
 
 def _chunk_extras(
-    raw: IO[bytes], chunk: dict[int, Any], body_end: int
+    raw: IO[bytes],
+    chunk: dict[int, Any],
+    pages: tuple[Page, ...],
+    max_page_bytes: int,
+    body_end: int,
 ) -> Iterator[tuple[int, int]]:
     """The bytes [start, end) of what a column chunk's footer entry points to besides its
-    pages: its offset index, column index and bloom filter, as far as it names them."""
-    column = chunk.get(3) if isinstance(chunk.get(3), dict) else {}
-    for entry, (offset_field, length_field) in (
-        *((chunk, fields) for fields in _INDEX_FIELDS),
-        (column, _BLOOM_FIELDS),
+    pages (its walked pages): its offset index, column index and bloom filter, as far as it
+    names them, each decoded as what it claims to be and ending where the claim ends
+    (ValueError if not): a byte counts as accounted for only when a decoder consumed it. A
+    region outside the body is yielded unread (_stray_bytes refuses it)."""
+    data = [page for page in pages if page.version]
+    for (offset_field, length_field), check in zip(
+        _INDEX_FIELDS, (_check_offset_index, _check_column_index)
     ):
-        offset, length = entry.get(offset_field), entry.get(length_field)
-        if not isinstance(offset, int):
+        offset, length = chunk.get(offset_field), chunk.get(length_field)
+        if offset is None and length is None:
             continue
-        if not isinstance(length, int):  # a bloom filter's: its header's size and bitset's
-            length = 1  # past the body: refused without a read
-            if len(PARQUET_MAGIC) <= offset < body_end:
-                header, header_bytes = _page_header(raw, offset)
-                bitset = header.get(1)
-                length = header_bytes + (bitset if isinstance(bitset, int) else 0)
+        if not isinstance(offset, int) or not isinstance(length, int):
+            raise ValueError(f"a page index at {offset} of no length {length}")
+        if len(PARQUET_MAGIC) <= offset and offset + length <= body_end:
+            # an index is a few varints a page, a column index two values a page at most
+            if length > max_page_bytes + 64 * (len(data) + 1):
+                raise ValueError(f"a page index at byte {offset} of {length} bytes, over its bound")
+            raw.seek(offset)
+            check(offset, _IndexReader.exact(raw.read(length), offset), data)
         yield offset, offset + length
+    column = chunk.get(3) if isinstance(chunk.get(3), dict) else {}
+    offset, length = column.get(_BLOOM_FIELDS[0]), column.get(_BLOOM_FIELDS[1])
+    if not isinstance(offset, int):
+        return
+    if len(PARQUET_MAGIC) <= offset < body_end:
+        header, header_bytes = _page_header(raw, offset)
+        size = header.get(1)
+        # split-block, xxhash, uncompressed: the one filter the spec defines, each an empty
+        # struct inside its union; its bitset, of whole 32-byte blocks, follows the header
+        if header != {1: size, 2: {1: {}}, 3: {1: {}}, 4: {1: {}}} or not (
+            isinstance(size, int) and 0 < size and size % 32 == 0
+        ):
+            raise ValueError(f"a bloom filter at byte {offset} of a header not the spec's")
+        if length is not None and length != header_bytes + size:
+            raise ValueError(
+                f"a bloom filter at byte {offset} of {header_bytes + size} bytes, its footer "
+                f"entry claims {length}"
+            )
+        length = header_bytes + size
+    yield offset, offset + (length if isinstance(length, int) else 1)  # past the body: refused
+
+
+def _ints(value: Any, count: int | None = None) -> bool:
+    """Whether a value is a list of integers (of `count` of them)."""
+    return (
+        isinstance(value, list)
+        and all(isinstance(item, int) for item in value)
+        and (count is None or len(value) == count)
+    )
+
+
+def _check_offset_index(offset: int, index: dict[int, Any], pages: list[Page]) -> None:
+    """An OffsetIndex locates exactly the chunk's data pages, as walked, and nothing else."""
+    locations = index.get(1)
+    found = (
+        [tuple(location.get(f) for f in (1, 2)) for location in locations]
+        if isinstance(locations, list) and all(isinstance(x, dict) for x in locations)
+        else None
+    )
+    rows = [location.get(3) for location in locations] if found is not None else []
+    if (
+        found != [page.location for page in pages]
+        or any(set(location) - {1, 2, 3} for location in locations)
+        or not _ints(rows)
+        or rows[:1] not in ([], [0])
+        or any(b < a for a, b in zip(rows, rows[1:]))
+        or set(index) - {1, 2}
+        or (2 in index and not _ints(index[2], len(pages)))
+    ):
+        raise ValueError(f"the offset index at byte {offset} does not locate its chunk's pages")
+
+
+def _check_column_index(offset: int, index: dict[int, Any], pages: list[Page]) -> None:
+    """A ColumnIndex holds a page's entry for each data page, each min and max value no longer
+    than its page (a value of it), and no field the format does not define."""
+    count = len(pages)
+    bounds = [index.get(2), index.get(3)]
+    if (
+        set(index) - set(range(1, 8))
+        or not _ints(index.get(1), count)
+        or not all(_ints(values, count) for values in bounds)
+        or any(
+            size > page.size for values in bounds for size, page in zip(values, pages, strict=True)
+        )
+        or not isinstance(index.get(4), int)
+        or not all(_ints(index[field]) for field in (5, 6, 7) if field in index)
+        or (5 in index and len(index[5]) != count)
+    ):
+        raise ValueError(f"the column index at byte {offset} is not one of its chunk's pages")
 
 
 def _check_schema(path: str, schema: pa.Schema) -> None:
@@ -873,6 +1091,14 @@ class Page(NamedTuple):
     stored: int  # its data's bytes in the file (compressed)
     version: int  # a data page's format, 1 or 2; 0 for any other page (the dictionary)
     repetition: int  # v1: its repetition levels' encoding; v2: their bytes (stored plain)
+    at: int = 0  # its header's first byte in the file
+    definition: int = 0  # v1: its definition levels' encoding; v2: their bytes (stored plain)
+    compressed: bool = True  # v2: whether its values are (a v1 page's data always is)
+
+    @property
+    def location(self) -> tuple[int, int]:
+        """The page as an offset index locates it: its header's offset, its bytes in all."""
+        return self.at, self.start + self.stored - self.at
 
 
 # What the page walks of an open Parquet file found, by the bytes walked: the page checks, the
@@ -943,10 +1169,11 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
         kind = header.get(field) if isinstance(header.get(field), dict) else {}
         values, encoding = kind.get(1), kind.get({5: 2, 8: 4}.get(field, 0))
         repetition = kind.get({5: 4, 8: 6}.get(field, 0), 0)
+        definition = kind.get({5: 3, 8: 5}.get(field, 0), 0)
         # Thrift i32s (Arrow's int): a value Arrow would read otherwise is damage
         if not all(
             isinstance(n, int) and 0 <= n < 1 << 31
-            for n in (uncompressed, compressed, values, repetition)
+            for n in (uncompressed, compressed, values, repetition, definition)
         ):
             raise ValueError(f"damaged page header at byte {offset} of {column.path_in_schema}")
         version = {5: 1, 8: 2}.get(field, 0)
@@ -958,6 +1185,9 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
             compressed,
             version,
             repetition,
+            offset,
+            definition,
+            kind.get(7, True) if field == 8 else True,
         )
         offset += header_bytes + compressed
     if offset != end:
@@ -993,21 +1223,13 @@ def chunk_levels(
     return Levels(rows.rows, values, rows.most_levels())
 
 
-# Parquet's codecs as pyarrow names them; LZ4 (Hadoop's framing or none) is read apart.
-_PAGE_CODECS = {
-    "SNAPPY": "snappy",
-    "GZIP": "gzip",
-    "BROTLI": "brotli",
-    "ZSTD": "zstd",
-    "LZ4_RAW": "lz4_raw",
-}
-RLE_ENCODING = 3  # Parquet's Encoding enum: the RLE / bit-packed hybrid
-
-
 def _repetition_levels(raw: IO[bytes], column: pq.ColumnChunkMetaData, page: Page) -> bytes:
     """A data page's repetition levels as stored (the RLE / bit-packed hybrid, no length
     prefix): a v2 page keeps them plain ahead of its values; a v1 page opens its (decompressed)
-    data with them and their length."""
+    data with them and their length. Those the payload check decoded (_check_payload) are
+    taken from it, once: the page is not decompressed twice."""
+    if (checked := _WALKED.get(raw, {}).pop(("repetition", page.start), None)) is not None:
+        return checked
     stored = page.repetition if page.version == 2 else page.stored
     # sizes are the header's claims: none is read past the page, nor the file
     if stored > page.stored or page.start + stored > raw.seek(0, os.SEEK_END):
@@ -1015,55 +1237,16 @@ def _repetition_levels(raw: IO[bytes], column: pq.ColumnChunkMetaData, page: Pag
     raw.seek(page.start)
     if page.version == 2:
         return raw.read(stored)
-    if page.repetition != RLE_ENCODING:
+    if page.repetition != RLE:
         raise ValueError(
             f"a page of {column.path_in_schema} stores repetition levels as encoding "
             f"{page.repetition}, not RLE"
         )
-    data = _decompressed(raw.read(page.stored), column.compression, page.size)
+    data = decompressed(raw.read(page.stored), column.compression, page.size)
     length = int.from_bytes(data[:4], "little")
     if len(data) < 4 + length:
         raise ValueError(f"a page of {column.path_in_schema} ends inside its levels")
     return data[4 : 4 + length]
-
-
-def _decompressed(data: bytes, codec: str, size: int) -> bytes:
-    """A v1 page's data decompressed to its header's size (ValueError if it is not)."""
-    try:
-        if codec == "UNCOMPRESSED":
-            out = data
-        elif codec == "LZ4":
-            framed = _lz4_hadoop(data, size)
-            out = pa.decompress(data, size, "lz4_raw", asbytes=True) if framed is None else framed
-        elif codec in _PAGE_CODECS:
-            out = pa.decompress(data, size, _PAGE_CODECS[codec], asbytes=True)
-        else:
-            raise ValueError(f"pages compressed as {codec} cannot be read")
-    except (pa.ArrowException, OSError) as err:  # pyarrow's corrupt data: an OSError
-        raise ValueError(f"a page does not decompress: {err}") from None
-    if len(out) != size:
-        raise ValueError(f"a page decompresses to {len(out)} bytes, not its header's {size}")
-    return out
-
-
-def _lz4_hadoop(data: bytes, size: int) -> bytes | None:
-    """LZ4 blocks in Hadoop's framing (each block's decompressed and compressed sizes, 4 bytes
-    big-endian, before it), as Arrow reads them first; None when the data is not so framed
-    (Arrow then reads it as one raw block)."""
-    out, at, produced = [], 0, 0
-    while len(data) - at >= 8:
-        expected = int.from_bytes(data[at : at + 4], "big")
-        stored = int.from_bytes(data[at + 4 : at + 8], "big")
-        at += 8
-        if stored > len(data) - at or expected > size - produced:
-            return None
-        try:
-            out.append(pa.decompress(data[at : at + stored], expected, "lz4_raw", asbytes=True))
-        except (pa.ArrowException, OSError):
-            return None
-        at += stored
-        produced += expected
-    return b"".join(out) if at == len(data) else None
 
 
 class _RowCounter:
@@ -1125,14 +1308,14 @@ class _RowCounter:
 def _packed_zeros(levels: bytes, width: int, runs: list[_Run]) -> np.ndarray:
     """Where in their page bit-packed runs hold a level of 0, the runs unpacked together."""
     groups = np.array([-(-run.levels // 8) for run in runs])
-    unpacked = _unpacked(
+    found = unpacked(
         b"".join(
             levels[run.packed : run.packed + int(size) * width] for run, size in zip(runs, groups)
         ),
         width,
     )
     ends = np.cumsum(groups) * 8  # each run's end among the unpacked levels
-    zeros = np.flatnonzero(unpacked == 0)
+    zeros = np.flatnonzero(found == 0)
     shift = np.array([run.first for run in runs]) - (ends - groups * 8)
     return zeros + shift[np.searchsorted(ends, zeros, side="right")]
 
@@ -1160,7 +1343,7 @@ def _hybrid_runs(levels: bytes, width: int, count: int) -> Iterator[_Run]:
         if at >= size:
             raise ValueError("a page's repetition levels end before its values")
         header = levels[at]  # most headers are one byte
-        header, at = (header, at + 1) if header < 0x80 else _varint(levels, at)
+        header, at = (header, at + 1) if header < 0x80 else varint(levels, at)
         length = header >> 1
         if header & 1:  # bit-packed: `length` groups of 8 levels
             if length * width > size - at:
@@ -1183,27 +1366,6 @@ def _hybrid_runs(levels: bytes, width: int, count: int) -> Iterator[_Run]:
             if zero and length:
                 yield _Run(position, length, -1)
             position += length
-
-
-def _unpacked(packed: bytes, width: int) -> np.ndarray:
-    """Levels bit-packed `width` bits each, least significant bit first (Parquet's order)."""
-    bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), bitorder="little")
-    if width == 1:
-        return bits
-    return bits.reshape(-1, width) @ (1 << np.arange(width))
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    """An unsigned LEB128 integer at `at`, and where the data goes on."""
-    value = shift = 0
-    while shift < 64 and at < len(data):
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
-    raise ValueError("a page's repetition levels hold a damaged run header")
 
 
 def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:
@@ -1234,18 +1396,21 @@ class _CompactReader:
 
     _MAX_DEPTH = 8
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, spans: dict[int, tuple[int, int]] | None = None):
         self._data = data
         self.position = 0
+        self.spans = spans  # kept when given: each struct's bytes, by its id (Footer.spans)
 
     def struct(self, depth: int = 0) -> dict[int, Any]:
         self._nest(depth)
         fields: dict[int, Any] = {}
-        field_id = 0
+        field_id, start = 0, self.position
         while (head := self._byte()) != 0:  # 0: the struct's end
             kind, delta = head & 0x0F, head >> 4
             field_id = field_id + delta if delta else self._zigzag()
             fields[field_id] = (kind == 1) if kind in (1, 2) else self._value(kind, depth)
+        if self.spans is not None:
+            self.spans[id(fields)] = start, self.position
         return fields
 
     def _value(self, kind: int, depth: int) -> Any:
@@ -1303,6 +1468,30 @@ class _CompactReader:
     def _zigzag(self) -> int:
         value = self._varint()
         return (value >> 1) ^ -(value & 1)
+
+
+class _IndexReader(_CompactReader):
+    """A page index (Thrift's compact protocol) decoded whole, its strings kept as their
+    lengths: a string is where bytes could hide."""
+
+    @classmethod
+    def exact(cls, data: bytes, offset: int) -> dict[int, Any]:
+        """The struct `data` holds, ending at its end (ValueError if not)."""
+        reader = cls(data)
+        try:
+            fields = reader.struct()
+        except IndexError:
+            fields = None
+        if fields is None or reader.position != len(data):
+            raise ValueError(f"the page index at byte {offset} is not one of its claimed length")
+        return fields
+
+    def _value(self, kind: int, depth: int) -> Any:
+        if kind == 8:
+            size = self._varint()
+            self._skip(size)
+            return size
+        return super()._value(kind, depth)
 
 
 class _OverWeight(Exception):

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 
 from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.read.decompress import DECODED_CHUNK_BYTES, DecodedStream
+from kvtrace.transforms.read.parquet_payload import decompressed
 from kvtrace.transforms.read.paths import (
     PAGE_BOUND_MULTIPLE,
     Page,
-    _decompressed,
     _page_header,
     _pages,
     _repetition_levels,
@@ -604,13 +604,13 @@ def test_lz4_pages_are_read_in_hadoop_s_framing_or_raw():
     data = b"levels " * 1000
     block = pa.compress(data, "lz4_raw", asbytes=True)
     framed = len(data).to_bytes(4, "big") + len(block).to_bytes(4, "big") + block
-    assert _decompressed(framed, "LZ4", len(data)) == data
-    assert _decompressed(block, "LZ4", len(data)) == data
+    assert decompressed(framed, "LZ4", len(data)) == data
+    assert decompressed(block, "LZ4", len(data)) == data
     for stored, codec, size in ((block, "LZ4_RAW", len(data) - 1), (b"abc", "UNCOMPRESSED", 4)):
         with pytest.raises(ValueError, match="decompress"):  # to a size not its header's
-            _decompressed(stored, codec, size)
+            decompressed(stored, codec, size)
     with pytest.raises(ValueError, match="LZO"):  # no codec of Arrow's
-        _decompressed(block, "LZO", len(data))
+        decompressed(block, "LZO", len(data))
 
 
 def test_a_footer_claiming_many_rows_does_not_lower_what_one_row_may_hold(tmp_path):

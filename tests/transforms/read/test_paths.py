@@ -428,7 +428,7 @@ def test_a_column_chunk_a_footer_names_twice_refuses_the_file(tmp_path):
 def test_the_metadata_copy_a_writer_leaves_behind_a_chunk_is_accounted_for(tmp_path):
     """The spec's first layout (polars, parquet-cpp 1.x): each chunk's metadata written again
     behind its pages. Such a copy reads as part of the file; bytes that only look like one
-    (another chunk's metadata) do not."""
+    (another chunk's metadata, or one decoding alike whose strings hold more) do not."""
     buffer = io.BytesIO()
     pq.write_table(pa.table({"n": [1, 2, 3]}), buffer)
     footer, body = parquet_footer(buffer.getvalue())
@@ -440,6 +440,11 @@ def test_the_metadata_copy_a_writer_leaves_behind_a_chunk_is_accounted_for(tmp_p
     other = copy.deepcopy(thrift_field(chunk, 3)[2])
     thrift_field(other, 5)[2] += 1  # another num_values
     path.write_bytes(with_parquet_footer(body + thrift_encode(other), footer))
+    with pytest.raises(ValueError, match="lie in no part"):
+        read_parquet_within(str(path), 1 << 20, ["n"])
+    alike = copy.deepcopy(thrift_field(chunk, 3)[2])
+    thrift_field(alike, 3)[2] = (8, [b"n" + b"hidden row group" * 8])  # path_in_schema
+    path.write_bytes(with_parquet_footer(body + thrift_encode(alike), footer))
     with pytest.raises(ValueError, match="lie in no part"):
         read_parquet_within(str(path), 1 << 20, ["n"])
 
@@ -474,3 +479,57 @@ def test_pyarrows_file_of_an_empty_table_reads_as_no_rows(tmp_path):
     column = pq.ParquetFile(path).metadata.row_group(0).column(0)
     assert column.data_page_offset == 0 and column.has_dictionary_page
     assert read_parquet_within(str(path), 1 << 20, ["n", "s"]).table.num_rows == 0
+
+
+def _indexed(tmp_path, **options) -> tuple[list, bytes, list]:
+    """Six rows in two groups of three, each column's pages indexed (and bloom filters as
+    options say): the footer, the body, row group 0's column chunks (ColumnChunk's fields)."""
+    buffer = io.BytesIO()
+    table = pa.table({"n": [1, 2, 3, 4, 5, 6], "s": ["a", "b", "a", "c", "d", "c"]})
+    pq.write_table(table, buffer, 3, write_page_index=True, **options)
+    footer, body = parquet_footer(buffer.getvalue())
+    return footer, body, thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1]
+
+
+def _opens(tmp_path, footer: list, body: bytes) -> None:
+    path = tmp_path / "t.parquet"
+    path.write_bytes(with_parquet_footer(body, footer))
+    with parquet_file(str(path), 1 << 20, stray=[]):
+        pass
+
+
+def test_a_page_index_is_accounted_for_only_as_the_index_of_its_chunks_pages(tmp_path):
+    """An offset index must locate exactly its chunk's walked data pages, and a region claimed
+    as a column index must decode as one, to its last byte: a claim alone accounts for none."""
+    footer, body, chunks = _indexed(tmp_path)
+    _opens(tmp_path, footer, body)  # pyarrow's own indexes
+    numbers, strings = chunks
+    offsets = [thrift_field(chunk, 4)[2] for chunk in chunks]
+    thrift_field(numbers, 4)[2], thrift_field(strings, 4)[2] = offsets[::-1]  # swapped
+    thrift_field(numbers, 5)[2], thrift_field(strings, 5)[2] = (
+        thrift_field(strings, 5)[2],
+        thrift_field(numbers, 5)[2],
+    )
+    with pytest.raises(ValueError, match="offset index at byte .* does not locate"):
+        _opens(tmp_path, footer, body)
+    footer, body, chunks = _indexed(tmp_path)
+    numbers = chunks[0]
+    for field in (6, 7):  # a column index claimed over its chunk's offset index
+        thrift_field(numbers, field)[2] = thrift_field(numbers, field - 2)[2]
+    with pytest.raises(ValueError, match="column index at byte .* is not one of its chunk"):
+        _opens(tmp_path, footer, body)
+
+
+def test_a_bloom_filter_is_its_header_and_bitset_exactly(tmp_path):
+    """A region claimed as a bloom filter counts only when it opens with the spec's header
+    (split-block, xxhash, uncompressed) and ends where that header's bitset ends."""
+    footer, body, chunks = _indexed(tmp_path, bloom_filter_options={"s": {"ndv": 10}})
+    _opens(tmp_path, footer, body)
+    metadata = thrift_field(chunks[1], 3)[2]
+    thrift_field(metadata, 15)[2] += 32  # its length over the next part
+    with pytest.raises(ValueError, match="bloom filter at byte .* its footer entry claims"):
+        _opens(tmp_path, footer, body)
+    thrift_field(metadata, 15)[2] -= 32
+    thrift_field(metadata, 14)[2] = thrift_field(chunks[0], 4)[2]  # another part claimed
+    with pytest.raises(ValueError, match="bloom filter at byte .* header not the spec's"):
+        _opens(tmp_path, footer, body)

@@ -1,0 +1,170 @@
+"""A Parquet page's payload held to what decoding consumes (paths._check_payload): a compressed
+page's codec consumes exactly its stored bytes and produces exactly its header's size, and a
+page's levels and values end at its end. Arrow stops decoding a page once it has the values its
+header counts and ignores what follows, so a page grown over other bytes (a row group the
+footer left out) would make them look accounted for: a byte is accounted for only when a
+decoder consumed it."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pyarrow as pa
+import zstandard
+
+# Parquet's codecs as pyarrow names them; LZ4 (Hadoop's framing or none), ZSTD, GZIP and
+# BROTLI are read apart, each held to its stream's end.
+_PAGE_CODECS = {"SNAPPY": "snappy", "LZ4_RAW": "lz4_raw"}
+# gzip's header flags naming an extra field, a name or a comment: bytes a decoder skips
+_GZIP_SKIPPED = 0b11100
+
+# Parquet's Encoding enum
+PLAIN, PLAIN_DICTIONARY, RLE, RLE_DICTIONARY, BYTE_STREAM_SPLIT = 0, 2, 3, 8, 9
+# Encodings decoded here to their end; the others (DELTA_*) only by their codec's end.
+DECODED_ENCODINGS = frozenset((PLAIN, PLAIN_DICTIONARY, RLE, RLE_DICTIONARY, BYTE_STREAM_SPLIT))
+
+
+def decompressed(data: bytes, codec: str, size: int) -> bytes:
+    """A page's stored bytes decompressed to its header's size, the codec's stream ending at
+    the data's end (ValueError if not: trailing bytes, a zstd skippable frame, a gzip header's
+    skipped fields, a second stream)."""
+    try:
+        if codec == "UNCOMPRESSED":
+            out = data
+        elif codec == "LZ4":
+            framed = _lz4_hadoop(data, size)
+            out = pa.decompress(data, size, "lz4_raw", asbytes=True) if framed is None else framed
+        elif codec == "ZSTD":
+            out = zstandard.ZstdDecompressor().decompress(
+                data, max_output_size=size, allow_extra_data=False
+            )
+        elif codec == "GZIP":
+            out = _gzip(data, size)
+        elif codec == "BROTLI":
+            out = _brotli(data, size)
+        elif codec in _PAGE_CODECS:  # each fails on bytes past its stream
+            out = pa.decompress(data, size, _PAGE_CODECS[codec], asbytes=True)
+        else:
+            raise ValueError(f"pages compressed as {codec} cannot be read")
+    except (pa.ArrowException, OSError, zstandard.ZstdError, zlib.error) as err:
+        raise ValueError(f"a page does not decompress: {err}") from None
+    if len(out) != size:
+        raise ValueError(f"a page decompresses to {len(out)} bytes, not its header's {size}")
+    return out
+
+
+def _gzip(data: bytes, size: int) -> bytes:
+    """One gzip (or zlib) stream, ending at the data's end, no header field a decoder skips."""
+    if data[:2] == b"\x1f\x8b" and len(data) > 3 and data[3] & _GZIP_SKIPPED:
+        raise ValueError("a gzip page whose header holds skipped fields")
+    stream = zlib.decompressobj(32 + zlib.MAX_WBITS)  # gzip or zlib, by its header
+    out = stream.decompress(data, size + 1)
+    if not stream.eof or stream.unused_data or stream.unconsumed_tail:
+        raise ValueError("a gzip page whose stream does not end at its end")
+    return out
+
+
+def _brotli(data: bytes, size: int) -> bytes:
+    """A brotli stream ending at the data's end: pyarrow's decoder stops at the stream's end,
+    so the data less its last byte must not decode (the stream needs that byte)."""
+    out = pa.decompress(data, size, "brotli", asbytes=True)
+    try:
+        pa.decompress(data[:-1], size, "brotli", asbytes=True)
+    except (pa.ArrowException, OSError):
+        return out
+    raise ValueError("a brotli page whose stream ends before its end")
+
+
+def _lz4_hadoop(data: bytes, size: int) -> bytes | None:
+    """LZ4 blocks in Hadoop's framing (each block's decompressed and compressed sizes, 4 bytes
+    big-endian, before it), as Arrow reads them first; None when the data is not so framed
+    (Arrow then reads it as one raw block)."""
+    out, at, produced = [], 0, 0
+    while len(data) - at >= 8:
+        expected = int.from_bytes(data[at : at + 4], "big")
+        stored = int.from_bytes(data[at + 4 : at + 8], "big")
+        at += 8
+        if stored > len(data) - at or expected > size - produced:
+            return None
+        try:
+            out.append(pa.decompress(data[at : at + stored], expected, "lz4_raw", asbytes=True))
+        except (pa.ArrowException, OSError):
+            return None
+        at += stored
+        produced += expected
+    return b"".join(out) if at == len(data) else None
+
+
+def hybrid_end(data: bytes, at: int, width: int, count: int, target: int = -1) -> tuple[int, int]:
+    """Where `count` values of the RLE / bit-packed hybrid, `width` bits each, starting at `at`,
+    end, and how many of them equal `target`; ValueError when the data ends first or a run
+    holds none (a run must move on)."""
+    position = found = 0
+    value_bytes = (width + 7) // 8
+    while position < count:
+        header, at = varint(data, at)
+        if header & 1:  # bit-packed: groups of 8 values
+            levels, stored = (header >> 1) * 8, (header >> 1) * width
+            if at + stored > len(data):
+                raise ValueError("a page's values end inside a bit-packed run")
+            if target >= 0:
+                taken = min(levels, count - position)
+                found += int((unpacked(data[at : at + stored], width)[:taken] == target).sum())
+        else:  # RLE: one value, `levels` times
+            levels, stored = header >> 1, value_bytes
+            if at + stored > len(data):
+                raise ValueError("a page's values end inside a run")
+            if int.from_bytes(data[at : at + stored], "little") == target:
+                found += min(levels, count - position)
+        if not levels:
+            raise ValueError("a page's values hold an empty run")
+        position += levels
+        at += stored
+    return at, found
+
+
+def unpacked(packed: bytes, width: int) -> np.ndarray:
+    """Values bit-packed `width` bits each, least significant bit first (Parquet's order)."""
+    bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), bitorder="little")
+    if width == 1:
+        return bits
+    return bits.reshape(-1, width) @ (1 << np.arange(width, dtype=np.int64))
+
+
+def varint(data: bytes, at: int) -> tuple[int, int]:
+    """An unsigned LEB128 integer at `at`, and where the data goes on."""
+    value = shift = 0
+    while shift < 64 and at < len(data):
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+    raise ValueError("a page holds a damaged run header")
+
+
+def values_end(data: bytes, at: int, encoding: int, width: int | None, count: int) -> int:
+    """Where `count` values from `at`, so encoded (one of DECODED_ENCODINGS), end: width is a
+    fixed-width type's bytes (0 for BOOLEAN, bit-packed when PLAIN), None for BYTE_ARRAY."""
+    if encoding in (PLAIN_DICTIONARY, RLE_DICTIONARY):  # indices: their bit width, then runs
+        if at >= len(data) or data[at] > 32:
+            raise ValueError("a page's dictionary indices have no valid bit width")
+        return hybrid_end(data, at + 1, data[at], count)[0] if count else at + 1
+    if encoding == RLE:  # booleans: their length, then runs of 1 bit
+        stored = int.from_bytes(data[at : at + 4], "little")
+        if hybrid_end(data[: at + 4 + stored], at + 4, 1, count)[0] != at + 4 + stored:
+            raise ValueError("a page's booleans do not end at their length")
+        return at + 4 + stored
+    if width == 0:  # PLAIN booleans: a bit each
+        return at + -(-count // 8)
+    if width is not None:  # PLAIN or BYTE_STREAM_SPLIT: the type's bytes each
+        return at + width * count
+    if encoding != PLAIN:
+        raise ValueError(f"byte arrays stored as encoding {encoding}")
+    for _ in range(count):  # each value's length, then its bytes
+        if at + 4 > len(data):
+            raise ValueError("a page's byte arrays end inside a length")
+        at += 4 + int.from_bytes(data[at : at + 4], "little")
+    return at
