@@ -69,7 +69,6 @@ def test_a_json_array_file_beside_a_log_weighs_its_bytes(tiny_tokenizer, tmp_pat
     assert code != 0 and not (out / "manifest.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_synthesize_of_a_trace_with_ids_near_int64_is_no_unanticipated_failure(tmp_path):
     """The trace readers take other Mooncake traces' 64-bit ids (trace_io.HIGHEST: any id
     below 2^63; analyze, reuse, simulate, render and export all read this trace), but
