@@ -30,7 +30,6 @@ sources.open_stream = _rotated
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_a_line_of_many_records_under_the_record_bound_weighs_its_bytes(tiny_tokenizer, tmp_path):
     """Round 14 made a line refused unread (over --max-record-bytes) weigh its bytes in
     --max-rejected-fraction (sources._oversized): "a writer that left out the newlines". The
@@ -51,7 +50,6 @@ def test_a_line_of_many_records_under_the_record_bound_weighs_its_bytes(tiny_tok
     assert code != 0 and not (out / "manifest.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_a_json_array_file_beside_a_log_weighs_its_bytes(tiny_tokenizer, tmp_path):
     """The same rule, by the commonest careless shape: an export written as one JSON array
     (`json.dump(records, f)`: the whole file one line, well under 16 MiB) given beside a

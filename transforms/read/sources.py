@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from kvtrace.transforms.read.paths import (
     read_lines,
     sized_rows,
     stored_position,
+    stored_share,
     with_children,
     without_views,
 )
@@ -143,10 +145,10 @@ def _read_range(
                     held = None
                     reached = stored_position(stream, offset) - piece.start
                 if isinstance(line, Oversized):
-                    # Its letter weighs its bytes; a compressed file's stored bytes cannot be
-                    # placed per line (its decoder reads ahead), so its decoded ones, never more
-                    # in all than the range holds as stored (the gate divides by those).
-                    lost = line.size
+                    # Its letter weighs its bytes, a compressed file's at the share of stored
+                    # bytes reached (as a line that decodes to no object does), never more in
+                    # all than the range holds as stored (the gate divides by those).
+                    lost = stored_weight(line.size, stored_share(stream))
                     if compressed:
                         lost = min(lost, _range_stored_bytes(piece) - weighed)
                     weighed += lost
@@ -157,7 +159,10 @@ def _read_range(
                 if offset == 0 and line.startswith(BOM):
                     line = line[len(BOM) :]
                 if line.strip():
-                    held = (offset, line)
+                    held = (
+                        offset,
+                        StoredLine.of(line, stored_share(stream)) if compressed else line,
+                    )
                 if progress is not None and progress.due():
                     progress.reached(stored_position(stream, offset) - piece.start)
             broken = broken_off(stream)
@@ -177,6 +182,40 @@ def _read_range(
             f"file unreadable after byte {offset}: {err}",
             lost_bytes=unread_bytes(_range_stored_bytes(piece), reached),
         )
+
+
+class StoredLine(bytes):
+    """A compressed file's line, with the bytes as stored it stands for (`stored`: its decoded
+    bytes at the share its reader had reached, paths.stored_share), which parse_one weighs it by
+    if it decodes to no object: a plain line stands for its own bytes."""
+
+    stored: int
+
+    @classmethod
+    def of(cls, line: bytes, share: float) -> StoredLine:
+        weighed = cls(line)
+        weighed.stored = stored_weight(len(line), share)
+        return weighed
+
+    def __reduce__(self) -> tuple[Any, ...]:  # Beam pickles it between steps
+        return _stored_line, (bytes(self), self.stored)
+
+
+def _stored_line(line: bytes, stored: int) -> StoredLine:
+    weighed = StoredLine(line)
+    weighed.stored = stored
+    return weighed
+
+
+def stored_weight(decoded: int, share: float) -> int:
+    """What `decoded` bytes weigh as stored at a stream's share (paths.stored_share), rounded
+    up: a loss weighs more, never less."""
+    return math.ceil(decoded * share)
+
+
+def stored_bytes_of(line: bytes) -> int:
+    """The bytes as stored a line read stands for (StoredLine), its own for a plain file's."""
+    return line.stored if isinstance(line, StoredLine) else len(line)
 
 
 def misnamed_form(path: str) -> str | None:
@@ -470,10 +509,13 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             withhold=options.withholds(line, record),
         )
     value = None if is_line else record  # the record decoded, once it is
+    an_object = not is_line  # whether the input became an object: else its letter weighs it
     try:
         if is_line:
             value, check_strings = decode_value(line, options)
-            return request_from_object(object_of(value), line, source, options, check_strings)
+            found = object_of(value)
+            an_object = True
+            return request_from_object(found, line, source, options, check_strings)
         if not isinstance(record, dict):
             raise Rejected("not_an_object", f"a {type(record).__name__}, not an object")
         return request_from_object(record, line, source, options)
@@ -482,4 +524,13 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
     except UNANTICIPATED as err:
         failed = unanticipated(err)
         reason, message = failed.reason, failed.message
-    return DeadLetter(source, line, reason, message, withhold=options.withholds(line, value))
+    return DeadLetter(
+        source,
+        line,
+        reason,
+        message,
+        withhold=options.withholds(line, value),
+        # Input that never became an object may have held any number of records (a writer that
+        # left out newlines, a JSON array): it weighs its bytes, as a line refused unread does.
+        lost_bytes=0 if an_object else stored_bytes_of(record),
+    )
