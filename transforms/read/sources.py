@@ -5,7 +5,8 @@ Plain JSONL is read in byte ranges, so one large file keeps every worker busy; a
 is one range (compressed streams cannot be entered midway). A UTF-8 byte order mark opening a
 file is skipped. A file that ends early or is corrupt is never exported silently partial: the
 records before the damage go on, and the file itself becomes a dead letter naming where it broke
-(decompressed byte offset, or Parquet row group). A file is read as its name says: compressed
+(decompressed byte offset, or Parquet row group); so does a local file that changed since its
+ranges were planned (FileRange.pin). A file is read as its name says: compressed
 or Parquet bytes under a plain name are refused whole (misnamed_form). Every record is bounded
 before it is decoded (paths.py; docs/BOUNDS.md): what exceeds --max-record-bytes is a too_large
 dead letter.
@@ -56,6 +57,7 @@ from kvtrace.transforms.read.records import (
     request_from_object,
     without_nulls,
 )
+from kvtrace.transforms.storage import is_url
 
 # Byte ranges of plain files that workers read in parallel: small enough that one large file
 # keeps every worker busy, large enough that per-range overhead stays negligible.
@@ -68,21 +70,68 @@ PARQUET_BATCH_ROWS = 64
 CONVERSION_FAILURES = (*UNANTICIPATED, pa.ArrowException)
 
 
+# A local file as its ranges were planned: (st_dev, st_ino, size planned, st_mtime_ns).
+FilePin = tuple[int, int, int, int]
+
+
 @dataclass(frozen=True)
 class FileRange:
     path: str
     start: int
     end: int | None  # None: to the end (compressed files and Parquet are read whole)
+    # The file as planned (file_pin), checked as the range is opened and once it is read: a log
+    # rotated, truncated or rewritten in between would lose records with no letter. None: a
+    # store's object (not pinned: its reads are of one generation or fail).
+    pin: FilePin | None = None
 
 
 def file_ranges(path: str, size: int, split_bytes: int = READ_SPLIT_BYTES) -> list[FileRange]:
-    """The ranges a file is read in: byte ranges of a plain file, the whole of any other."""
+    """The ranges a file is read in, pinned to the file as sized (`size`): byte ranges of a
+    plain file, the whole of any other."""
+    pin = file_pin(path, size)
     if compression_of(path) or is_parquet(path):
-        return [FileRange(path, 0, None)]
+        return [FileRange(path, 0, None, pin)]
     return [
-        FileRange(path, start, min(start + split_bytes, size))
+        FileRange(path, start, min(start + split_bytes, size), pin)
         for start in range(0, max(size, 1), split_bytes)
     ]
+
+
+def file_pin(path: str, size: int) -> FilePin | None:
+    """A local file's identity as its `size` was taken (a changed size then shows as a change);
+    None for a store's object, or a file that cannot be stated (its read fails, a letter)."""
+    if is_url(path):
+        return None
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return status.st_dev, status.st_ino, size, status.st_mtime_ns
+
+
+def _changed(piece: FileRange) -> bool:
+    """Whether a pinned range's file is no longer the file its ranges were planned on."""
+    if piece.pin is None:
+        return False
+    try:
+        status = os.stat(piece.path)
+    except (OSError, ValueError):
+        return True
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns) != piece.pin
+
+
+def _changed_letter(piece: FileRange, when: str, reached: int) -> DeadLetter:
+    """The one letter of a range whose file changed between the plan and the end of its read
+    (logrotate's copytruncate, a rename rotation, a rewrite): its planned bytes not read weigh
+    as lost (all of them when it changed before the read began)."""
+    return DeadLetter(
+        piece.path,
+        b"",
+        DAMAGED_FILE,
+        f"file changed {when} (its size, inode or modification time is not as planned: "
+        f"rotated, truncated or rewritten); bytes {piece.start} on of the range not trusted",
+        lost_bytes=unread_bytes(_range_stored_bytes(piece), reached),
+    )
 
 
 def stored_bytes(piece: FileRange, file_size: int) -> int:
@@ -126,7 +175,12 @@ def _read_range(
     piece: FileRange, max_record_bytes: int, progress: ReadProgress | None
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     if is_parquet(piece.path):
+        if _changed(piece):
+            yield _changed_letter(piece, "before it was read", 0)
+            return
         yield from _parquet(piece.path, max_record_bytes)
+        if _changed(piece):  # its rows' bytes cannot be placed: the whole file weighs
+            yield _changed_letter(piece, "as it was read", 0)
         return
     offset = piece.start
     reached = 0  # the range's bytes as stored that records handed on were decoded from
@@ -139,6 +193,9 @@ def _read_range(
                 yield _misnamed(piece.path, form)
             return
         with open_stream(piece.path) as stream:
+            if _changed(piece):
+                yield _changed_letter(piece, "before it was read", 0)
+                return
             for offset, line in read_lines(stream, piece.start, piece.end, max_record_bytes):
                 if held is not None:
                     yield piece.path, held[1]
@@ -174,6 +231,8 @@ def _read_range(
                 reached = stored_position(stream, offset) - piece.start
             if broken and (held is None or ends_with_newline):
                 yield _damaged_tail(piece, offset, b"", broken, reached)
+            elif _changed(piece):
+                yield _changed_letter(piece, "as it was read", reached)
     except (OSError, ValueError, EOFError) as err:
         yield DeadLetter(
             piece.path,
@@ -254,6 +313,8 @@ def _range_stored_bytes(piece: FileRange) -> int:
     store cannot tell, as a file that cannot be opened has nothing to weigh."""
     if piece.end is not None:
         return piece.end - piece.start
+    if piece.pin is not None:  # as planned: a file cut since weighs what it held
+        return piece.pin[2] - piece.start
     try:
         with open_raw(piece.path) as raw:
             return raw.seek(0, os.SEEK_END) - piece.start

@@ -844,3 +844,62 @@ def test_parquet_bytes_its_footer_does_not_list_are_one_letter_weighing_them(tmp
     assert letter.lost_bytes == second
     rows = [item[1] for item in read if not isinstance(item, DeadLetter)]
     assert [row["timestamp"] for row in rows] == [0, 1, 2]
+
+
+def _cut_to(path, size: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.truncate(size)
+
+
+def test_a_log_cut_between_the_plan_and_the_read_is_a_letter_weighing_its_planned_bytes(tmp_path):
+    """logrotate's copytruncate before a range is read: the file is not the one planned, so
+    the range is one damaged_file letter weighing every byte it was planned to hold."""
+    data = b"".join(line + b"\n" for line in LINES[:100])
+    path = tmp_path / "live.jsonl"
+    path.write_bytes(data)
+    ranges = file_ranges(str(path), len(data), 1_000)
+    _cut_to(path, 500)
+    for piece in ranges:
+        [letter] = read_range(piece, 1 << 20)
+        assert letter.reason == "damaged_file" and "changed before it was read" in letter.message
+        assert letter.lost_bytes == piece.end - piece.start
+
+
+def test_a_log_cut_as_it_is_read_weighs_what_its_range_did_not_read(tmp_path, monkeypatch):
+    """Cut once the range is open, past its check: the records read go on, and the range's
+    planned bytes none of them came from are one letter."""
+    from kvtrace.transforms.read import sources
+
+    data = b"".join(line + b"\n" for line in LINES)
+    lines_of = sources.read_lines
+
+    def cut_as_read(stream, *args):
+        for number, item in enumerate(lines_of(stream, *args)):
+            if number == 10 and not isinstance(stream, gzip.GzipFile):
+                _cut_to(path, data.index(b"\n", 600) + 1)
+            yield item
+
+    monkeypatch.setattr(sources, "read_lines", cut_as_read)
+    path = tmp_path / "live.jsonl"
+    path.write_bytes(data)
+    [piece] = file_ranges(str(path), len(data))
+    read = list(read_range(piece, 1 << 20))
+    [letter] = [item for item in read if isinstance(item, DeadLetter)]
+    assert letter.reason == "damaged_file"
+    assert "changed as it was read" in letter.message
+    records = len(read) - 1
+    assert 10 <= records < len(LINES)  # as far as the reader had buffered
+    unread = len(data) - len(b"".join(line + b"\n" for line in LINES[:records]))
+    assert 0 <= letter.lost_bytes - unread <= len(LINES[records - 1]) + 1  # the last, placed late
+
+
+def test_a_file_renamed_away_after_the_plan_is_a_letter(tmp_path):
+    """A rename rotation: the path names another file (its inode differs) than was planned."""
+    data = b"".join(line + b"\n" for line in LINES[:10])
+    path = tmp_path / "live.jsonl"
+    path.write_bytes(data)
+    [piece] = file_ranges(str(path), len(data))
+    path.rename(tmp_path / "live.jsonl.1")
+    path.write_bytes(data)
+    [letter] = read_range(piece, 1 << 20)
+    assert (letter.reason, letter.lost_bytes) == ("damaged_file", len(data))
