@@ -30,7 +30,6 @@ sources.open_stream = _rotated
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_a_line_of_many_records_under_the_record_bound_weighs_its_bytes(tiny_tokenizer, tmp_path):
     """Round 14 made a line refused unread (over --max-record-bytes) weigh its bytes in
     --max-rejected-fraction (sources._oversized): "a writer that left out the newlines". The
@@ -51,7 +50,6 @@ def test_a_line_of_many_records_under_the_record_bound_weighs_its_bytes(tiny_tok
     assert code != 0 and not (out / "manifest.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_a_json_array_file_beside_a_log_weighs_its_bytes(tiny_tokenizer, tmp_path):
     """The same rule, by the commonest careless shape: an export written as one JSON array
     (`json.dump(records, f)`: the whole file one line, well under 16 MiB) given beside a
@@ -69,7 +67,6 @@ def test_a_json_array_file_beside_a_log_weighs_its_bytes(tiny_tokenizer, tmp_pat
     assert code != 0 and not (out / "manifest.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
 def test_synthesize_of_a_trace_with_ids_near_int64_is_no_unanticipated_failure(tmp_path):
     """The trace readers take other Mooncake traces' 64-bit ids (trace_io.HIGHEST: any id
     below 2^63; analyze, reuse, simulate, render and export all read this trace), but
@@ -91,8 +88,8 @@ def test_synthesize_of_a_trace_with_ids_near_int64_is_no_unanticipated_failure(t
     assert "the job failed" not in run.stderr and "OverflowError" not in run.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 15")
-def test_a_log_cut_short_as_it_is_read_loses_no_record_silently(tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("engine", ["local", "beam"])
+def test_a_log_cut_short_as_it_is_read_loses_no_record_silently(tiny_tokenizer, tmp_path, engine):
     """Nothing lost: a compressed log that ends before its end is a damaged_file letter
     weighing its unread bytes (sources._damaged_tail, unread_bytes). A plain log is planned
     in byte ranges from its size (sources.file_ranges) and read by paths.read_lines, which
@@ -106,7 +103,7 @@ def test_a_log_cut_short_as_it_is_read_loses_no_record_silently(tiny_tokenizer, 
     out = tmp_path / "out"
     run = kvtrace_child(
         "anonymize", "--input", str(log), "--output", str(out), "--tokenizer", tiny_tokenizer,
-        "--quiet", prelude=COPYTRUNCATE,
+        "--quiet", "--engine", engine, prelude=COPYTRUNCATE,
     )  # fmt: skip
     assert log.stat().st_size < 3_000  # the cut happened
     assert run.returncode != 0 and not (out / "manifest.json").exists()

@@ -109,6 +109,7 @@ class DecodedStream(io.RawIOBase):
         self._done = False
         self.broken: str | None = None
         self.ends_with_newline = True
+        self.decoded = 0  # bytes decoded so far, read ahead included (paths.stored_share)
 
     def readable(self) -> bool:
         return True
@@ -147,6 +148,7 @@ class DecodedStream(io.RawIOBase):
             self._done = True
             self.broken = f"corrupt compressed data: {err}"
         self._pending, self._position = memoryview(decoded), 0
+        self.decoded += len(decoded)
         if not self._done and self._decoder.eof:
             self._carried = self._decoder.unused_data  # the next member or frame
             self._decoder = _decoder(self._codec)

@@ -209,6 +209,17 @@ def stored_position(stream: IO[bytes], offset: int) -> int:
         return 0
 
 
+def stored_share(stream: IO[bytes]) -> float:
+    """The bytes as stored a decoded byte of a stream from open_stream stands for, so far: 1 for
+    a plain file; for a compressed one the compressed bytes read over those they decoded to (read
+    ahead alike, so the share is exact for a file read in one chunk, and over by at most a
+    chunk's in a longer one: a loss weighs more, never less), at most 1."""
+    decoded = getattr(stream, "raw", None)
+    if not isinstance(stream, _Decoded) or not isinstance(decoded, DecodedStream):
+        return 1.0
+    return min(1.0, stored_position(stream, 0) / max(decoded.decoded, 1))
+
+
 def broken_off(stream: IO[bytes]) -> str | None:
     """Why a stream from open_stream ended before its file's end, or None if it did not."""
     decoded = getattr(stream, "raw", None)

@@ -5,7 +5,8 @@ Plain JSONL is read in byte ranges, so one large file keeps every worker busy; a
 is one range (compressed streams cannot be entered midway). A UTF-8 byte order mark opening a
 file is skipped. A file that ends early or is corrupt is never exported silently partial: the
 records before the damage go on, and the file itself becomes a dead letter naming where it broke
-(decompressed byte offset, or Parquet row group). A file is read as its name says: compressed
+(decompressed byte offset, or Parquet row group); so does a local file that changed since its
+ranges were planned (FileRange.pin). A file is read as its name says: compressed
 or Parquet bytes under a plain name are refused whole (misnamed_form). Every record is bounded
 before it is decoded (paths.py; docs/BOUNDS.md): what exceeds --max-record-bytes is a too_large
 dead letter.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ from kvtrace.transforms.read.paths import (
     read_lines,
     sized_rows,
     stored_position,
+    stored_share,
     with_children,
     without_views,
 )
@@ -54,6 +57,7 @@ from kvtrace.transforms.read.records import (
     request_from_object,
     without_nulls,
 )
+from kvtrace.transforms.storage import is_url
 
 # Byte ranges of plain files that workers read in parallel: small enough that one large file
 # keeps every worker busy, large enough that per-range overhead stays negligible.
@@ -66,21 +70,68 @@ PARQUET_BATCH_ROWS = 64
 CONVERSION_FAILURES = (*UNANTICIPATED, pa.ArrowException)
 
 
+# A local file as its ranges were planned: (st_dev, st_ino, size planned, st_mtime_ns).
+FilePin = tuple[int, int, int, int]
+
+
 @dataclass(frozen=True)
 class FileRange:
     path: str
     start: int
     end: int | None  # None: to the end (compressed files and Parquet are read whole)
+    # The file as planned (file_pin), checked as the range is opened and once it is read: a log
+    # rotated, truncated or rewritten in between would lose records with no letter. None: a
+    # store's object (not pinned: its reads are of one generation or fail).
+    pin: FilePin | None = None
 
 
 def file_ranges(path: str, size: int, split_bytes: int = READ_SPLIT_BYTES) -> list[FileRange]:
-    """The ranges a file is read in: byte ranges of a plain file, the whole of any other."""
+    """The ranges a file is read in, pinned to the file as sized (`size`): byte ranges of a
+    plain file, the whole of any other."""
+    pin = file_pin(path, size)
     if compression_of(path) or is_parquet(path):
-        return [FileRange(path, 0, None)]
+        return [FileRange(path, 0, None, pin)]
     return [
-        FileRange(path, start, min(start + split_bytes, size))
+        FileRange(path, start, min(start + split_bytes, size), pin)
         for start in range(0, max(size, 1), split_bytes)
     ]
+
+
+def file_pin(path: str, size: int) -> FilePin | None:
+    """A local file's identity as its `size` was taken (a changed size then shows as a change);
+    None for a store's object, or a file that cannot be stated (its read fails, a letter)."""
+    if is_url(path):
+        return None
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return status.st_dev, status.st_ino, size, status.st_mtime_ns
+
+
+def _changed(piece: FileRange) -> bool:
+    """Whether a pinned range's file is no longer the file its ranges were planned on."""
+    if piece.pin is None:
+        return False
+    try:
+        status = os.stat(piece.path)
+    except (OSError, ValueError):
+        return True
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns) != piece.pin
+
+
+def _changed_letter(piece: FileRange, when: str, reached: int) -> DeadLetter:
+    """The one letter of a range whose file changed between the plan and the end of its read
+    (logrotate's copytruncate, a rename rotation, a rewrite): its planned bytes not read weigh
+    as lost (all of them when it changed before the read began)."""
+    return DeadLetter(
+        piece.path,
+        b"",
+        DAMAGED_FILE,
+        f"file changed {when} (its size, inode or modification time is not as planned: "
+        f"rotated, truncated or rewritten); bytes {piece.start} on of the range not trusted",
+        lost_bytes=unread_bytes(_range_stored_bytes(piece), reached),
+    )
 
 
 def stored_bytes(piece: FileRange, file_size: int) -> int:
@@ -124,7 +175,12 @@ def _read_range(
     piece: FileRange, max_record_bytes: int, progress: ReadProgress | None
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     if is_parquet(piece.path):
+        if _changed(piece):
+            yield _changed_letter(piece, "before it was read", 0)
+            return
         yield from _parquet(piece.path, max_record_bytes)
+        if _changed(piece):  # its rows' bytes cannot be placed: the whole file weighs
+            yield _changed_letter(piece, "as it was read", 0)
         return
     offset = piece.start
     reached = 0  # the range's bytes as stored that records handed on were decoded from
@@ -137,16 +193,19 @@ def _read_range(
                 yield _misnamed(piece.path, form)
             return
         with open_stream(piece.path) as stream:
+            if _changed(piece):
+                yield _changed_letter(piece, "before it was read", 0)
+                return
             for offset, line in read_lines(stream, piece.start, piece.end, max_record_bytes):
                 if held is not None:
                     yield piece.path, held[1]
                     held = None
                     reached = stored_position(stream, offset) - piece.start
                 if isinstance(line, Oversized):
-                    # Its letter weighs its bytes; a compressed file's stored bytes cannot be
-                    # placed per line (its decoder reads ahead), so its decoded ones, never more
-                    # in all than the range holds as stored (the gate divides by those).
-                    lost = line.size
+                    # Its letter weighs its bytes, a compressed file's at the share of stored
+                    # bytes reached (as a line that decodes to no object does), never more in
+                    # all than the range holds as stored (the gate divides by those).
+                    lost = stored_weight(line.size, stored_share(stream))
                     if compressed:
                         lost = min(lost, _range_stored_bytes(piece) - weighed)
                     weighed += lost
@@ -157,7 +216,10 @@ def _read_range(
                 if offset == 0 and line.startswith(BOM):
                     line = line[len(BOM) :]
                 if line.strip():
-                    held = (offset, line)
+                    held = (
+                        offset,
+                        StoredLine.of(line, stored_share(stream)) if compressed else line,
+                    )
                 if progress is not None and progress.due():
                     progress.reached(stored_position(stream, offset) - piece.start)
             broken = broken_off(stream)
@@ -169,6 +231,8 @@ def _read_range(
                 reached = stored_position(stream, offset) - piece.start
             if broken and (held is None or ends_with_newline):
                 yield _damaged_tail(piece, offset, b"", broken, reached)
+            elif _changed(piece):
+                yield _changed_letter(piece, "as it was read", reached)
     except (OSError, ValueError, EOFError) as err:
         yield DeadLetter(
             piece.path,
@@ -177,6 +241,40 @@ def _read_range(
             f"file unreadable after byte {offset}: {err}",
             lost_bytes=unread_bytes(_range_stored_bytes(piece), reached),
         )
+
+
+class StoredLine(bytes):
+    """A compressed file's line, with the bytes as stored it stands for (`stored`: its decoded
+    bytes at the share its reader had reached, paths.stored_share), which parse_one weighs it by
+    if it decodes to no object: a plain line stands for its own bytes."""
+
+    stored: int
+
+    @classmethod
+    def of(cls, line: bytes, share: float) -> StoredLine:
+        weighed = cls(line)
+        weighed.stored = stored_weight(len(line), share)
+        return weighed
+
+    def __reduce__(self) -> tuple[Any, ...]:  # Beam pickles it between steps
+        return _stored_line, (bytes(self), self.stored)
+
+
+def _stored_line(line: bytes, stored: int) -> StoredLine:
+    weighed = StoredLine(line)
+    weighed.stored = stored
+    return weighed
+
+
+def stored_weight(decoded: int, share: float) -> int:
+    """What `decoded` bytes weigh as stored at a stream's share (paths.stored_share), rounded
+    up: a loss weighs more, never less."""
+    return math.ceil(decoded * share)
+
+
+def stored_bytes_of(line: bytes) -> int:
+    """The bytes as stored a line read stands for (StoredLine), its own for a plain file's."""
+    return line.stored if isinstance(line, StoredLine) else len(line)
 
 
 def misnamed_form(path: str) -> str | None:
@@ -215,6 +313,8 @@ def _range_stored_bytes(piece: FileRange) -> int:
     store cannot tell, as a file that cannot be opened has nothing to weigh."""
     if piece.end is not None:
         return piece.end - piece.start
+    if piece.pin is not None:  # as planned: a file cut since weighs what it held
+        return piece.pin[2] - piece.start
     try:
         with open_raw(piece.path) as raw:
             return raw.seek(0, os.SEEK_END) - piece.start
@@ -470,10 +570,13 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             withhold=options.withholds(line, record),
         )
     value = None if is_line else record  # the record decoded, once it is
+    an_object = not is_line  # whether the input became an object: else its letter weighs it
     try:
         if is_line:
             value, check_strings = decode_value(line, options)
-            return request_from_object(object_of(value), line, source, options, check_strings)
+            found = object_of(value)
+            an_object = True
+            return request_from_object(found, line, source, options, check_strings)
         if not isinstance(record, dict):
             raise Rejected("not_an_object", f"a {type(record).__name__}, not an object")
         return request_from_object(record, line, source, options)
@@ -482,4 +585,13 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
     except UNANTICIPATED as err:
         failed = unanticipated(err)
         reason, message = failed.reason, failed.message
-    return DeadLetter(source, line, reason, message, withhold=options.withholds(line, value))
+    return DeadLetter(
+        source,
+        line,
+        reason,
+        message,
+        withhold=options.withholds(line, value),
+        # Input that never became an object may have held any number of records (a writer that
+        # left out newlines, a JSON array): it weighs its bytes, as a line refused unread does.
+        lost_bytes=0 if an_object else stored_bytes_of(record),
+    )

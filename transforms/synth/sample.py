@@ -40,7 +40,11 @@ def sample_requests(
     own_tokens = _own_tokens(trace, parts, block_size)[order]
     pool = own_tokens[own_tokens > 0]
     output_lengths = trace.output_length[order]
-    next_id = int(trace.ids.max(initial=-1)) + 1
+    # The source's ids renumbered densely (order kept), so fresh ones follow the count of ids,
+    # never the largest (a foreign trace's near 2^63 would overflow int64); the output is
+    # numbered by first appearance afterwards, so the same bytes come out either way.
+    source_ids = np.unique(trace.ids, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    next_id = int(source_ids.max(initial=-1)) + 1
     rows: list[tuple[float, int, int, list[int], object]] = []
     clock, drawn, held = float(starts.min(initial=0.0)), 0, 0
     while drawn < requests:
@@ -54,7 +58,7 @@ def sample_requests(
         for row in turns:
             if drawn == requests:
                 break
-            ids = trace.ids[trace.offsets[row] : trace.offsets[row + 1]].tolist()
+            ids = source_ids[trace.offsets[row] : trace.offsets[row + 1]].tolist()
             shared, common = int(parts.shared[row]), int(parts.common[row])
             source_previous = int(parts.previous_turn[row])
             if previous is not None and common >= max(shared, 1):

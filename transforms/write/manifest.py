@@ -62,10 +62,11 @@ class RecordCounts:
     reasons: tuple[tuple[str, int], ...] = ()
 
     def rejected_fraction(self) -> float:
-        """The larger of the records rejected and the input bytes lost (decoded bytes against
-        stored ones: a compressed file's loss weighs more, never less, than it was)."""
+        """The larger of the records rejected and the input bytes lost, at most all of them (a
+        compressed file's loss is placed in stored bytes by its reader's share so far, which
+        may weigh more, never less, than it was: --max-rejected-fraction 1 is no bound)."""
         records = self.rejected / self.read if self.read else 0.0
-        lost = self.lost_bytes / self.input_bytes if self.input_bytes else 0.0
+        lost = min(self.lost_bytes / self.input_bytes, 1.0) if self.input_bytes else 0.0
         return max(records, lost)
 
 

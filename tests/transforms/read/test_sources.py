@@ -620,24 +620,67 @@ def test_a_compressed_line_refused_unread_weighs_its_stored_bytes_not_its_decode
 
 
 @pytest.mark.parametrize(
-    ("record", "reason"),
+    ("record", "reason", "lost"),
     [
-        (b"{broken", "invalid_json"),
-        (b"\xff\xfe", "invalid_utf8"),
-        (b'{"timestamp": 1}', "no_input"),
-        ({"timestamp": 1}, "no_input"),  # a Parquet row
+        (b"{broken", "invalid_json", 7),
+        (b"\xff\xfe", "invalid_utf8", 2),
+        (b"[{}, {}]", "not_an_object", 8),
+        (b'{"timestamp": 1}', "no_input", 0),
+        ({"timestamp": 1}, "no_input", 0),  # a Parquet row: its group weighs its bytes
     ],
 )
-def test_a_record_read_then_refused_weighs_one_record_and_no_byte(record, reason):
-    """A record handed on by its reader was read: its letter weighs one record. Its bytes are
-    decoded ones, which in a compressed file outweigh the stored bytes the gate divides by
-    (4 KB junk lines in a gzip weighed 40 x its input), and a Parquet row's are its group's,
-    which a broken group weighs already: what was never read is weighed where it is refused
-    (a line unread, a file of another form, a group), in stored bytes."""
+def test_a_line_that_became_no_object_weighs_its_bytes_an_object_refused_none(record, reason, lost):
+    """Input that never became an object may have held any number of records (a writer that
+    left out newlines, a JSON array export): its letter weighs its bytes, as a line refused
+    unread does. An object refused is one record read, and weighs one record, no byte."""
     from kvtrace.transforms.read.sources import parse_one
 
     letter = parse_one("logs.jsonl", record, ParseOptions())
-    assert (letter.reason, letter.lost_bytes) == (reason, 0)
+    assert (letter.reason, letter.lost_bytes) == (reason, lost)
+
+
+def test_a_compressed_line_keeps_its_stored_weight_between_beam_steps():
+    """Beam pickles what it does not know between steps: the weight travels with the line."""
+    import pickle
+
+    from kvtrace.transforms.read.sources import StoredLine, parse_one
+
+    line = pickle.loads(pickle.dumps(StoredLine.of(b"{broken", 0.25)))
+    assert (line, line.stored) == (b"{broken", 2)
+    assert parse_one("logs.jsonl.gz", line, ParseOptions()).lost_bytes == 2
+
+
+def _letters_of(path) -> list[DeadLetter]:
+    from kvtrace.transforms.read.sources import parse_one
+
+    letters = []
+    for item in read_range(FileRange(str(path), 0, None), 1 << 20):
+        parsed = item if isinstance(item, DeadLetter) else parse_one(*item, ParseOptions())
+        letters += [parsed] if isinstance(parsed, DeadLetter) else []
+    return letters
+
+
+@pytest.mark.parametrize("lines", [2_000, 60_000])  # read in one chunk, in many
+def test_junk_lines_of_a_gzip_weigh_their_share_of_its_stored_bytes(tmp_path, lines):
+    """A compressed file's lines are weighed in its bytes as stored, as the gate divides by
+    (paths.stored_share): one line in 20 junk (not JSON) in a gzip weighs about a twentieth of
+    the file, not its decoded bytes (~9 x as many), so an ordinary .gz log with a few percent
+    of bad lines stays well under the default --max-rejected-fraction 0.5; a file all junk
+    weighs about all of it, never much more."""
+    data = b"".join(
+        (b"junk " + line[:-1] if i % 20 == 0 else line) + b"\n"
+        for i, line in enumerate(LINES[j % len(LINES)] for j in range(lines))
+    )
+    path = tmp_path / "logs.jsonl.gz"
+    path.write_bytes(gzip.compress(data))
+    stored = path.stat().st_size
+    letters = [letter for letter in _letters_of(path) if letter.lost_bytes]
+    assert [letter.reason for letter in letters] == ["invalid_json"] * (lines // 20)
+    junk = sum(len(line) + 1 for line in data.split(b"\n")[:-1] if line.startswith(b"junk"))
+    assert junk / len(data) * stored < sum(letter.lost_bytes for letter in letters) < 0.1 * stored
+    path.write_bytes(gzip.compress(b"".join(b"junk " + line + b"\n" for line in LINES)))
+    lost = sum(letter.lost_bytes for letter in _letters_of(path))
+    assert path.stat().st_size <= lost <= 1.01 * path.stat().st_size + len(LINES)
 
 
 def _parquet_bytes(lines: list[bytes]) -> bytes:
@@ -801,3 +844,62 @@ def test_parquet_bytes_its_footer_does_not_list_are_one_letter_weighing_them(tmp
     assert letter.lost_bytes == second
     rows = [item[1] for item in read if not isinstance(item, DeadLetter)]
     assert [row["timestamp"] for row in rows] == [0, 1, 2]
+
+
+def _cut_to(path, size: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.truncate(size)
+
+
+def test_a_log_cut_between_the_plan_and_the_read_is_a_letter_weighing_its_planned_bytes(tmp_path):
+    """logrotate's copytruncate before a range is read: the file is not the one planned, so
+    the range is one damaged_file letter weighing every byte it was planned to hold."""
+    data = b"".join(line + b"\n" for line in LINES[:100])
+    path = tmp_path / "live.jsonl"
+    path.write_bytes(data)
+    ranges = file_ranges(str(path), len(data), 1_000)
+    _cut_to(path, 500)
+    for piece in ranges:
+        [letter] = read_range(piece, 1 << 20)
+        assert letter.reason == "damaged_file" and "changed before it was read" in letter.message
+        assert letter.lost_bytes == piece.end - piece.start
+
+
+def test_a_log_cut_as_it_is_read_weighs_what_its_range_did_not_read(tmp_path, monkeypatch):
+    """Cut once the range is open, past its check: the records read go on, and the range's
+    planned bytes none of them came from are one letter."""
+    from kvtrace.transforms.read import sources
+
+    data = b"".join(line + b"\n" for line in LINES)
+    lines_of = sources.read_lines
+
+    def cut_as_read(stream, *args):
+        for number, item in enumerate(lines_of(stream, *args)):
+            if number == 10 and not isinstance(stream, gzip.GzipFile):
+                _cut_to(path, data.index(b"\n", 600) + 1)
+            yield item
+
+    monkeypatch.setattr(sources, "read_lines", cut_as_read)
+    path = tmp_path / "live.jsonl"
+    path.write_bytes(data)
+    [piece] = file_ranges(str(path), len(data))
+    read = list(read_range(piece, 1 << 20))
+    [letter] = [item for item in read if isinstance(item, DeadLetter)]
+    assert letter.reason == "damaged_file"
+    assert "changed as it was read" in letter.message
+    records = len(read) - 1
+    assert 10 <= records < len(LINES)  # as far as the reader had buffered
+    unread = len(data) - len(b"".join(line + b"\n" for line in LINES[:records]))
+    assert 0 <= letter.lost_bytes - unread <= len(LINES[records - 1]) + 1  # the last, placed late
+
+
+def test_a_file_renamed_away_after_the_plan_is_a_letter(tmp_path):
+    """A rename rotation: the path names another file (its inode differs) than was planned."""
+    data = b"".join(line + b"\n" for line in LINES[:10])
+    path = tmp_path / "live.jsonl"
+    path.write_bytes(data)
+    [piece] = file_ranges(str(path), len(data))
+    path.rename(tmp_path / "live.jsonl.1")
+    path.write_bytes(data)
+    [letter] = read_range(piece, 1 << 20)
+    assert (letter.reason, letter.lost_bytes) == ("damaged_file", len(data))

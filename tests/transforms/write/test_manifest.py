@@ -235,6 +235,10 @@ def test_the_rejected_fraction_is_the_larger_of_records_and_bytes_lost():
     assert (
         RecordCounts(read=10, rejected=1, lost_bytes=50, input_bytes=100).rejected_fraction() == 0.5
     )
+    # A compressed file's loss may be placed above its stored bytes: at most all of the input.
+    assert (
+        RecordCounts(read=10, rejected=9, lost_bytes=300, input_bytes=100).rejected_fraction() == 1
+    )
 
 
 def test_the_runs_counts_round_trip_owner_only_beside_its_dead_letters(tmp_path):
