@@ -93,7 +93,8 @@ def test_more_than_the_default_share_rejected_is_refused(tiny_tokenizer, tmp_pat
     assert _anonymize(tiny_tokenizer, src, tmp_path / "out") == 1
     err = capsys.readouterr().err
     assert (
-        "3 of 5 records (60.0% > --max-rejected-fraction 0.5); top reasons: invalid_json 3" in err
+        "3 of 5 records, 7 of 358 input bytes became no record (60.0% > --max-rejected-fraction "
+        "0.5); top reasons: invalid_json 3" in err
     )
     assert not (tmp_path / "out" / "manifest.json").exists()
 
