@@ -65,6 +65,7 @@ def test_the_summary_is_the_runs_own_figures(tiny_tokenizer, tmp_path, capsys):
         r"exported ([\d,]+) of ([\d,]+) records in [\d.]+ s\n"
         r"  records   ([\d,]+) read = ([\d,]+) exported \+ ([\d,]+) rejected\n"
         r"  rejected  ([a-z_]+ [\d,]+(?:, [a-z_]+ [\d,]+)*): (\S+) .*\n"
+        r"(?:  lost      [\d,]+ input bytes became no record, .*\n)?"  # lines that were no object
         r"  tokens    ([\d,]+) input in ([\d,]+) blocks, ([\d,]+) of them unique\n"
         r"  hit rate  ([\d.]+)% of input tokens",
         printed,
