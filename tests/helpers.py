@@ -810,6 +810,24 @@ def with_parquet_footer(body: bytes, footer: list) -> bytes:
     return body + encoded + struct.pack("<i", len(encoded)) + b"PAR1"
 
 
+CLEAN_CHAT_MS = 60_000  # the one chat of the clean log beside an edited Parquet (parquet_night)
+
+
+def parquet_night(tokenizer: str, tmp_path: Path, footer: list, body: bytes) -> Path:
+    """The night of the Parquet file the footer and body make, beside a clean log of one chat
+    at CLEAN_CHAT_MS (a night whose only file is refused whole publishes nothing, and so no
+    letter to look at); its output folder."""
+    source = tmp_path / "log.parquet"
+    source.write_bytes(with_parquet_footer(body, footer))
+    clean = tmp_path / "clean.jsonl"
+    write_jsonl(clean, [chat(6, CLEAN_CHAT_MS)])
+    out = tmp_path / "out"
+    assert (
+        anonymize(tokenizer, [source, clean], out, "--max-rejected-fraction", "1", "--quiet") == 0
+    )
+    return out
+
+
 # Engine hash captures (anonymize --capture), each in its writer's shape (docs/CAPTURES.md).
 def kvtrace_token_ids(tokenizer: str, records: list[dict]) -> list[list[int]]:
     """Each record's prompt token ids as kvtrace's own encoder renders and tokenizes them."""

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from helpers import (
-    anonymize,
+    CLEAN_CHAT_MS,
     chat,
     parquet_footer,
+    parquet_night,
     read_jsonl,
     thrift_field,
     trace,
     with_parquet_footer,
-    write_jsonl,
 )
 
 pytestmark = pytest.mark.slow
@@ -35,24 +35,6 @@ def _six_chats_in_two_groups() -> tuple[list, bytes]:
     footer, body = parquet_footer(buffer.getvalue())
     assert len(thrift_field(footer, 4)[2][1]) == 2
     return footer, body
-
-
-def _run(tokenizer: str, tmp_path: Path, footer: list, body: bytes) -> Path:
-    """The night of the file the footer and body make, beside a clean log of one chat at
-    LATE_MS (a night whose only file is refused whole publishes nothing, and so no letter to
-    look at); its output folder."""
-    source = tmp_path / "log.parquet"
-    source.write_bytes(with_parquet_footer(body, footer))
-    clean = tmp_path / "clean.jsonl"
-    write_jsonl(clean, [chat(6, LATE_MS)])
-    out = tmp_path / "out"
-    assert (
-        anonymize(tokenizer, [source, clean], out, "--max-rejected-fraction", "1", "--quiet") == 0
-    )
-    return out
-
-
-LATE_MS = 60_000
 
 
 def _letters(out: Path) -> set[str]:
@@ -72,7 +54,7 @@ def test_a_row_group_the_footer_does_not_list_loses_none_silently(tiny_tokenizer
     footer, body = _six_chats_in_two_groups()
     del thrift_field(footer, 4)[2][1][1]  # the footer forgets row group 1; its pages stay
     thrift_field(footer, 3)[2] = 3  # the file's num_rows, as the list now gives it
-    out = _run(tiny_tokenizer, tmp_path, footer, body)
+    out = parquet_night(tiny_tokenizer, tmp_path, footer, body)
     assert len(trace(out)) == 7 or "damaged_file" in _letters(out)
 
 
@@ -86,9 +68,12 @@ def test_a_row_group_naming_another_groups_chunks_loses_none_silently(tiny_token
     footer, body = _six_chats_in_two_groups()
     groups = thrift_field(footer, 4)[2][1]
     groups[1] = copy.deepcopy(groups[0])
-    out = _run(tiny_tokenizer, tmp_path, footer, body)
+    out = parquet_night(tiny_tokenizer, tmp_path, footer, body)
     published = sorted(row["timestamp"] for row in trace(out))
-    assert published == [*(1_000 * i for i in range(6)), LATE_MS] or "damaged_file" in _letters(out)
+    assert published == [
+        *(1_000 * i for i in range(6)),
+        CLEAN_CHAT_MS,
+    ] or "damaged_file" in _letters(out)
 
 
 def test_a_trace_parquet_whose_footer_leaves_a_row_group_out_is_refused_by_export(tmp_path, capsys):

@@ -10,19 +10,16 @@ from pathlib import Path
 import pytest
 
 from helpers import (
-    anonymize,
+    CLEAN_CHAT_MS,
     chat,
     parquet_footer,
+    parquet_night,
     read_jsonl,
     thrift_field,
     trace,
-    with_parquet_footer,
-    write_jsonl,
 )
 
 pytestmark = pytest.mark.slow
-
-LATE_MS = 60_000
 
 
 def _six_chats_in_two_groups(**extra: int) -> tuple[list, bytes, tuple[int, int]]:
@@ -54,26 +51,12 @@ def _last_chunk(footer: list) -> list:
     return thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][-1]
 
 
-def _run(tokenizer: str, tmp_path: Path, footer: list, body: bytes) -> Path:
-    """The night of the file the footer and body make, beside a clean log of one chat at
-    LATE_MS (so the night publishes, and a letter has a run to be written by); its output."""
-    source = tmp_path / "log.parquet"
-    source.write_bytes(with_parquet_footer(body, footer))
-    clean = tmp_path / "clean.jsonl"
-    write_jsonl(clean, [chat(6, LATE_MS)])
-    out = tmp_path / "out"
-    assert (
-        anonymize(tokenizer, [source, clean], out, "--max-rejected-fraction", "1", "--quiet") == 0
-    )
-    return out
-
-
 def _lost_none(out: Path) -> bool:
     """Every chat of the night exported, or the damaged file letter-ed."""
     letters = Path(f"{out}-rejected").glob("rejected-*.jsonl")
     errors = {record["error"] for path in letters for record in read_jsonl(path)}
     published = sorted(row["timestamp"] for row in trace(out))
-    return published == [*(1_000 * i for i in range(6)), LATE_MS] or "damaged_file" in errors
+    return published == [*(1_000 * i for i in range(6)), CLEAN_CHAT_MS] or "damaged_file" in errors
 
 
 def test_a_row_group_inside_an_unread_columns_chunk_loses_none_silently(tiny_tokenizer, tmp_path):
@@ -88,7 +71,7 @@ def test_a_row_group_inside_an_unread_columns_chunk_loses_none_silently(tiny_tok
     metadata = thrift_field(_last_chunk(footer), 3)[2]
     assert thrift_field(metadata, 3)[2][1] == [b"zz"]
     thrift_field(metadata, 7)[2] += end - start  # total_compressed_size
-    assert _lost_none(_run(tiny_tokenizer, tmp_path, footer, body))
+    assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
 
 
 def test_a_row_group_inside_a_claimed_offset_index_loses_none_silently(tiny_tokenizer, tmp_path):
@@ -103,4 +86,4 @@ def test_a_row_group_inside_a_claimed_offset_index_loses_none_silently(tiny_toke
     chunk = _last_chunk(footer)
     chunk += [[4, 6, start], [5, 5, end - start]]  # offset_index_offset, offset_index_length
     chunk.sort(key=lambda field: field[0])
-    assert _lost_none(_run(tiny_tokenizer, tmp_path, footer, body))
+    assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
