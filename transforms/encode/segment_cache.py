@@ -103,7 +103,7 @@ def log_counts(counts: CacheCounts) -> None:
             "refused for the run",
             counts.mismatches,
         )
-    if counts.tokens:
+    if counts.tokens and not counts.disabled:  # an off cache's figures are its probe's
         _LOG.info(
             "segment cache: %.1f%% of %d tokens and %d of %d segments from the cache, "
             "%d evicted, %d texts checked whole",

@@ -879,6 +879,12 @@ def prove_folder_rename(location: Location, proven: set[str]) -> None:
         _remove_probe(made, renamed)  # a killed prover's, if any
         try:
             os.mkdir(made, 0o700)
+        except OSError as err:  # a full disk or no write access: not a rename refused
+            raise OutputRefused(
+                f"{location.flag} {location.path}: no folder can be made in {folder} "
+                f"({err.strerror}): write elsewhere"
+            ) from None
+        try:
             os.rename(made, renamed)
         except OSError as err:
             raise OutputRefused(
@@ -1088,6 +1094,11 @@ def check_written(location: Location) -> None:
     one that can be made owner-only, no command's output; a local one not a mount point (it
     cannot be swapped)."""
     path, flag = folded(location.path), location.flag
+    if location.path == "-":  # a pipe cannot be staged and renamed whole, and '-' reads as one
+        raise OutputRefused(
+            f"{flag} -: kvtrace writes only what it can publish whole (staged, then "
+            f"renamed), which standard output is not; name a file"
+        )
     if not is_url(path) and len(os.fsencode(os.path.basename(written_place(path)))) > NAME_MAX:
         raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
     # kvtrace's own names beside an output, by the rules its runs find them by (a staging

@@ -18,8 +18,10 @@ from kvtrace.transforms.encode.segment_cache import (
     CHECK_KEY,
     CHECK_ONE_IN,
     DEFAULT_BUDGET_BYTES,
+    CacheCounts,
     SegmentCache,
     SegmentEncoder,
+    log_counts,
     splitter_for,
 )
 from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
@@ -240,3 +242,14 @@ def test_the_cut_matches_the_longest_token_at_the_leftmost_place(words, text):
     )
     flat = re.compile("(" + "|".join(map(re.escape, sorted(words, key=len, reverse=True))) + ")")
     assert splitter.split(text) == flat.split(text)
+
+
+@pytest.mark.parametrize("disabled", [None, "a sampled text tokenized differently"])
+def test_an_off_cache_logs_why_not_its_probes_hit_rate(caplog, disabled):
+    caplog.set_level("INFO", logger="kvtrace")
+    log_counts(
+        CacheCounts(segments=4, hit_segments=2, tokens=100, hit_tokens=50, disabled=disabled)
+    )
+    said = caplog.text
+    assert ("50.0% of 100 tokens" in said) == (disabled is None)
+    assert ("segment cache off" in said) == (disabled is not None)

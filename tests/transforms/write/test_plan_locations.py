@@ -133,6 +133,15 @@ def test_a_file_output_spelled_as_a_folder_is_refused(tmp_path, spelled):
         plan_locations([], [Location("-o", f"{tmp_path}/{spelled}", FILE)])
 
 
+@pytest.mark.parametrize("kind", [FILE, FOLDER])
+def test_standard_output_is_refused_as_a_written_location(tmp_path, kind, monkeypatch):
+    """'-' is no file kvtrace can stage and rename, wherever it is run (not a file named '-')."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputRefused, match="standard output"):
+        plan_locations([], [Location("--json", "-", kind)])
+    assert not os.path.lexists(tmp_path / "-")
+
+
 def test_a_file_where_a_folder_goes_and_a_folder_where_a_file_goes_are_refused(tmp_path):
     (tmp_path / "file").write_text("")
     (tmp_path / "folder").mkdir()

@@ -26,3 +26,22 @@ def test_a_killed_plans_probe_goes_with_the_next_plan_in_its_folder(tmp_path, le
 def test_a_probes_name_is_never_an_output(tmp_path, name, kind):
     with pytest.raises(OutputRefused, match="a name kvtrace stages its outputs under"):
         plan_locations([], [Location("--output", str(tmp_path / name), kind)])
+
+
+@pytest.mark.parametrize(
+    ("failing", "said"),
+    [("mkdir", "no folder can be made"), ("rename", "no folder can be renamed")],
+)
+def test_the_probe_says_which_step_failed(tmp_path, monkeypatch, failing, said):
+    """A full disk fails the probe's mkdir, not a rename: the refusal names the step that failed
+    and the system's reason."""
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, failing, full)
+    out = Location("--output", str(tmp_path / "out"), FOLDER, writer="analyze")
+    with pytest.raises(OutputRefused, match=f"{said} in .*No space left on device"):
+        plan_locations([], [out])
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
