@@ -6,12 +6,14 @@ read = exported + rejected) and fails today (2026-11-28)."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
 
 from helpers import (
     CLEAN_CHAT_MS,
+    anonymize,
     chat,
     parquet_footer,
     parquet_night,
@@ -119,3 +121,21 @@ def test_a_row_group_inside_a_dictionary_entry_no_index_names_loses_none_silentl
     named by an index, or its unnamed bytes counted as stray)."""
     footer, body = _hidden_group(_unindexed_entry)
     assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 16")
+def test_a_list_response_wrapping_a_log_beside_it_weighs_its_bytes(tiny_tokenizer, tmp_path):
+    """Round 15 made a line that decodes to no object (a JSON array of records) weigh its bytes
+    in --max-rejected-fraction (sources.StoredLine). The same records wrapped in an object, as
+    a list endpoint returns them (`{"object": "list", "data": [...]}`), are one no_input letter
+    weighing one record: 10 good lines and a 400 KB line of 2,000 requests are "11 read = 10
+    exported + 1 rejected", and the night publishes 10 of 2,010 requests, exit 0, the letter
+    keeping the line's first 256 KiB. Whether a line's bytes became no record cannot hang on
+    the JSON type they decode to: a letter must weigh the bytes it stands for."""
+    good = [json.dumps(chat(i, 1_000 * i)) for i in range(10)]
+    wrapped = {"object": "list", "data": [chat(i, 1_000 * i + 500) for i in range(2_000)]}
+    source = tmp_path / "log.jsonl"
+    source.write_text("\n".join(good) + "\n" + json.dumps(wrapped) + "\n")
+    out = tmp_path / "out"
+    code = anonymize(tiny_tokenizer, [source], out, "--quiet")
+    assert code != 0 and not (out / "manifest.json").exists()
