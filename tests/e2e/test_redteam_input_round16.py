@@ -84,6 +84,13 @@ def _unindexed_entry(header: list, payload: bytes, hidden: bytes) -> bytes:
     return payload + len(hidden).to_bytes(4, "little") + hidden
 
 
+def _in_page_statistics(header: list, payload: bytes, hidden: bytes) -> bytes:
+    """The data page unchanged, its header given statistics (DataPageHeader field 5) whose
+    max_value (Statistics field 6) is the hidden bytes."""
+    thrift_field(header, 5)[2].append([5, 12, [[6, 8, hidden]]])
+    return payload
+
+
 def _lost_none(out: Path) -> bool:
     """Every chat of the night exported, or the damaged file letter-ed."""
     letters = Path(f"{out}-rejected").glob("rejected-*.jsonl")
@@ -120,6 +127,19 @@ def test_a_row_group_inside_a_dictionary_entry_no_index_names_loses_none_silentl
     whatever structure they are wrapped in, must be a letter (a dictionary's entries each
     named by an index, or its unnamed bytes counted as stray)."""
     footer, body = _hidden_group(_unindexed_entry)
+    assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 16")
+def test_a_row_group_inside_a_page_headers_statistics_loses_none_silently(tiny_tokenizer, tmp_path):
+    """Nothing lost, by the page header: paths._page_header reads a header with
+    _CompactReader, which skips every string (and any field the format does not define) up
+    to MAX_PAGE_HEADER_BYTES (1 MiB), and the header's bytes count as the chunk's. Row group
+    1 moved into the max_value of statistics given to row group 0's `zz` data page header
+    (Arrow never reads a page header's statistics): exit 0, no letter, three chats gone. A
+    page header must be read as exactly the fields the format defines, its statistics held
+    to its page's values (one value's bytes at most), as the column index's already are."""
+    footer, body = _hidden_group(_in_page_statistics)
     assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
 
 
