@@ -1,0 +1,111 @@
+"""Red team round 16, the gate (nothing private published, nothing lost): reproducers of what
+the Parquet readers and `kvtrace audit` still let through after round 15 held every page,
+index and bloom filter to what a decoder consumes. Each asserts the promised behaviour, so each
+fails until it is fixed."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from helpers import (
+    CLEAN_CHAT_MS,
+    chat,
+    parquet_footer,
+    parquet_night,
+    read_jsonl,
+    thrift_decode,
+    thrift_encode,
+    thrift_field,
+    thrift_uvarint,
+    trace,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _six_chats() -> tuple[bytes, list, tuple[int, int]]:
+    """Six chats (at 0, 1000, ... ms, each with an integer column `zz` last) in two row groups
+    of three, as pyarrow writes them; the footer decoded with row group 1 left out of its list
+    (num_rows 3); and the bytes [start, end) row group 1's pages hold, right after row group
+    0's `zz` chunk."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    rows = [{**chat(i, 1_000 * i), "zz": 7} for i in range(6)]
+    pq.write_table(pa.Table.from_pylist(rows), buffer, 3)
+    data = buffer.getvalue()
+    group = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(1)
+    chunks = [group.column(c) for c in range(group.num_columns)]
+    starts = [c.dictionary_page_offset or c.data_page_offset for c in chunks]
+    ends = [start + c.total_compressed_size for start, c in zip(starts, chunks)]
+    footer, _ = parquet_footer(data)
+    del thrift_field(footer, 4)[2][1][1]
+    thrift_field(footer, 3)[2] = 3
+    return data, footer, (min(starts), max(ends))
+
+
+def _zz_metadata(footer: list) -> list:
+    """Row group 0's `zz` chunk's ColumnMetaData (its fields), the last chunk of the group."""
+    chunk = thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][-1]
+    metadata = thrift_field(chunk, 3)[2]
+    assert thrift_field(metadata, 3)[2][1] == [b"zz"]
+    return metadata
+
+
+def _lost_none(out: Path) -> bool:
+    """Every chat of the night exported, or the damaged file letter-ed."""
+    letters = Path(f"{out}-rejected").glob("rejected-*.jsonl")
+    errors = {record["error"] for path in letters for record in read_jsonl(path)}
+    published = sorted(row["timestamp"] for row in trace(out))
+    return published == [*(1_000 * i for i in range(6)), CLEAN_CHAT_MS] or "damaged_file" in errors
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 16")
+def test_a_row_group_inside_a_page_headers_unknown_field_loses_none_silently(
+    tiny_tokenizer, tmp_path
+):
+    """Nothing lost. Round 15 holds every page's payload to what its decoder consumes, but not
+    its header: kvtrace's Thrift reader (paths._CompactReader, via _pages) skips a header's
+    strings and fields the format does not define, as Arrow's does, and the whole header is
+    counted as accounted for. Six chats in two row groups of three; row group 1's pages moved,
+    byte for byte, into a binary field 15 of the dictionary page header of row group 0's last
+    chunk (its sizes and data page offset grown to match), the footer listing row group 0
+    alone: "4 read = 4 exported + 0 rejected", exit 0, no letter, three chats gone. A header
+    must be the spec's fields, each string bounded by what the page's values make."""
+    data, footer, (start, end) = _six_chats()
+    metadata = _zz_metadata(footer)
+    header_at = thrift_field(metadata, 11)[2]  # dictionary_page_offset: the chunk's first page
+    assert header_at + thrift_field(metadata, 7)[2] == start  # the chunk ends where group 1 starts
+    fields, header_end = thrift_decode(data, header_at)
+    assert fields[-1][0] == 7  # dictionary_page_header: the header's last field
+    hidden = data[start:end]
+    extra = bytes([(15 - 7) << 4 | 8]) + thrift_uvarint(len(hidden)) + hidden  # after field 7
+    body = data[:header_at] + data[header_at : header_end - 1] + extra + b"\0"
+    body += data[header_end:start]
+    for field in (6, 7, 9):  # total uncompressed and compressed sizes, data_page_offset
+        thrift_field(metadata, field)[2] += len(extra)
+    assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 16")
+def test_a_row_group_inside_a_bloom_filters_bitset_loses_none_silently(tiny_tokenizer, tmp_path):
+    """The same cause in the bloom filter round 15 made parse as the spec's: its header is held
+    to the one filter the spec defines and its length to the header's, but its bitset, any
+    whole number of 32-byte blocks, is never held to the chunk's values. Row group 0's `zz`
+    chunk names a bloom filter (ColumnMetaData fields 14, 15) at row group 1's place, whose
+    bitset is row group 1's pages padded to 32 bytes, the footer listing row group 0 alone:
+    exit 0, no letter, three chats gone. A bitset must be the one the chunk's values set, at
+    the size its distinct values need."""
+    data, footer, (start, end) = _six_chats()
+    hidden = data[start:end]
+    bitset = hidden + bytes(-len(hidden) % 32)
+    header = thrift_encode([[1, 5, len(bitset)], *([n, 12, [[1, 12, []]]] for n in (2, 3, 4))])
+    metadata = _zz_metadata(footer)
+    metadata += [[14, 6, start], [15, 5, len(header) + len(bitset)]]
+    metadata.sort(key=lambda field: field[0])
+    body = data[:start] + header + bitset
+    assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
