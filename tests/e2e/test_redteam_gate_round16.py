@@ -6,12 +6,16 @@ fails until it is fixed."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
 
 from helpers import (
     CLEAN_CHAT_MS,
+    SALT,
+    agent_log,
+    anonymize,
     chat,
     parquet_footer,
     parquet_night,
@@ -21,6 +25,7 @@ from helpers import (
     thrift_field,
     thrift_uvarint,
     trace,
+    write_jsonl,
 )
 
 pytestmark = pytest.mark.slow
@@ -109,3 +114,52 @@ def test_a_row_group_inside_a_bloom_filters_bitset_loses_none_silently(tiny_toke
     metadata.sort(key=lambda field: field[0])
     body = data[:start] + header + bitset
     assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
+
+
+DAY_MS = 86_400_000
+
+
+def _agent_night(day: int) -> list[dict]:
+    """The agent log (helpers.agent_log) `day` days on, its response ids that night's own."""
+    night = []
+    for record, _ in agent_log():
+        record = json.loads(json.dumps(record))
+        record["timestamp"] += day * DAY_MS
+        if "previous_response_id" in record:
+            record["previous_response_id"] += f"-{day}"
+        if isinstance(record.get("response"), dict) and "id" in record["response"]:
+            record["response"]["id"] += f"-{day}"
+        night.append(record)
+    return night
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 16")
+def test_nights_of_an_id_map_exported_together_link_no_row_to_another_nights(
+    tiny_tokenizer, tmp_path, capsys
+):
+    """A row's parent is a request of its own night (PRIVACY.md: "an earlier one of the same
+    night"), and nightly traces of an id map concatenate into one trace (NIGHTLY.md). But
+    parent_row counts from each night's first row, and every trace reader concatenates the
+    files it is given without offsetting it (read/trace_io.read_trace): two nights of one map,
+    each the agent log with --emit-parents, exported together (`export N1 N2 --to
+    dynamo-agentic`, exit 0) make night 2's subagent wait on night 1's first request, 24 h
+    before (`"request_id": "r0", "delay_ms": 86400500, "relation": "spawn"`), its own
+    parent (night 2's first row, r8) unnamed: each night's links land on the rows of the one
+    before, silently, in every form that reads parent_row."""
+    from kvtrace.cli import main
+
+    (tmp_path / "salt").write_text(SALT)
+    nights = []
+    for day in (0, 1):
+        log = write_jsonl(tmp_path / f"night-{day}.jsonl", _agent_night(day))
+        out = tmp_path / f"out-{day}"
+        extra = ("--block-size", "4", "--emit-parents", "--quiet")
+        keyed = ("--salt-file", str(tmp_path / "salt"), "--id-map", str(tmp_path / "map"))
+        assert anonymize(tiny_tokenizer, [log], out, *extra, *keyed) == 0
+        nights.append(str(out))
+    exported = tmp_path / "both.jsonl"
+    assert main(["export", *nights, "--to", "dynamo-agentic", "-o", str(exported)]) == 0
+    capsys.readouterr()
+    rows = [json.loads(line) for line in exported.read_text().splitlines()[1:]]
+    first = len(agent_log())  # night 2's first request: r8, the parent of its subagent (r9)
+    assert [d["request_id"] for d in rows[first + 1]["dependencies"]] == [f"r{first}"]
