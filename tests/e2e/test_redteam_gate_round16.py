@@ -13,13 +13,18 @@ import pytest
 
 from helpers import (
     CLEAN_CHAT_MS,
+    MINUTE,
     SALT,
+    STREAM_SALT,
     agent_log,
     anonymize,
     chat,
+    message,
     parquet_footer,
     parquet_night,
     read_jsonl,
+    run_stream,
+    streaming_config,
     thrift_decode,
     thrift_encode,
     thrift_field,
@@ -119,12 +124,13 @@ def test_a_row_group_inside_a_bloom_filters_bitset_loses_none_silently(tiny_toke
 DAY_MS = 86_400_000
 
 
-def _agent_night(day: int) -> list[dict]:
-    """The agent log (helpers.agent_log) `day` days on, its response ids that night's own."""
+def _agent_night(day: int, day_ms: int = DAY_MS) -> list[dict]:
+    """The agent log (helpers.agent_log) `day` days (of day_ms) on, its response ids that
+    day's own: nothing links one day's requests to another's."""
     night = []
     for record, _ in agent_log():
         record = json.loads(json.dumps(record))
-        record["timestamp"] += day * DAY_MS
+        record["timestamp"] += day * day_ms
         if "previous_response_id" in record:
             record["previous_response_id"] += f"-{day}"
         if isinstance(record.get("response"), dict) and "id" in record["response"]:
@@ -163,3 +169,40 @@ def test_nights_of_an_id_map_exported_together_link_no_row_to_another_nights(
     rows = [json.loads(line) for line in exported.read_text().splitlines()[1:]]
     first = len(agent_log())  # night 2's first request: r8, the parent of its subagent (r9)
     assert [d["request_id"] for d in rows[first + 1]["dependencies"]] == [f"r{first}"]
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 16")
+def test_a_streams_windows_with_parents_concatenate_to_the_batch_output(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
+    """The same cause in a stream (STREAMING.md: "with nothing late the windows concatenated
+    are, byte for byte, the batch output of the same requests"): the stream publishes
+    parent_row (its parse reads links once --emit-parents is given), each window numbering
+    from its own first row. The agent log in the first minute's window and again, linked only
+    within itself, in the second's: window 1's rows name parent_row 0, 1, 0, 0 and 5 where the
+    batch run over the same requests names 8, 9, 8, 8 and 13 (and a reader of the windows
+    together links the second minute's requests to the first's)."""
+    import dataclasses
+
+    from apache_beam.testing.test_stream import TestStream
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    records = [*_agent_night(0, MINUTE), *_agent_night(1, MINUTE)]
+    config = streaming_config(tmp_path, tiny_tokenizer, idle_ms=3_600_000)
+    parse = dataclasses.replace(config.job.parse, links=True)  # anonymize --emit-parents
+    config = dataclasses.replace(config, job=dataclasses.replace(config.job, parse=parse))
+    stream = TestStream().add_elements([message(r) for r in records])
+    run_stream(config, stream.advance_watermark_to_infinity())
+    windows = sorted(p for p in Path(config.job.output).iterdir() if p.is_dir())
+    assert len(windows) == 2
+    streamed = [row for window in windows for row in trace(window)]
+    (tmp_path / "salt").write_text(STREAM_SALT)
+    log = write_jsonl(tmp_path / "log.jsonl", records)
+    batch = tmp_path / "batch"
+    extra = ("--block-size", "4", "--emit-parents", "--quiet")
+    assert (
+        anonymize(tiny_tokenizer, [log], batch, *extra, "--salt-file", str(tmp_path / "salt")) == 0
+    )
+    capsys.readouterr()
+    assert streamed == trace(batch)
