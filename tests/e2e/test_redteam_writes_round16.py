@@ -1,0 +1,58 @@
+"""Red team round 16, writes, stops and crashes: reproducers of holes left after the fifteenth
+round's fixes. Each asserts the promised behaviour, so each fails until it is fixed.
+
+A stop swept over every durable step of a night's parent process (local engine and Beam's
+parent, an id map extended) held: each run said what it published, and what it said stood
+whole. What follows is what broke."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import agent_log, anonymize, chat, write_jsonl
+from kvtrace.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def _agentic_edges(export: Path) -> set[tuple]:
+    """Each dependency of a dynamo-agentic export as (row, the row it waits on, relation, delay),
+    rows named by what they hold (arrival, prompt and output lengths): names that do not
+    depend on which other rows the export holds."""
+    rows = [json.loads(line) for line in export.read_text().splitlines()[1:]]
+    named = {
+        r["request_id"]: (r["not_before_ms"], r["input_length"], r["output_length"]) for r in rows
+    }
+    assert len(set(named.values())) == len(named)  # every row told apart by what it holds
+    return {
+        (named[r["request_id"]], named[d["request_id"]], d["relation"], d["delay_ms"])
+        for r in rows
+        for d in r.get("dependencies", [])
+    }
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 16")
+def test_exporting_two_nights_never_links_one_nights_rows_to_the_others(tiny_tokenizer, tmp_path):
+    """`parent_row` is "the 0-based number of that row across the shards" of its own night
+    (docs/OUTPUT.md), and a night's links never leave it (docs/PRIVACY.md: "a request continued
+    an earlier one of the same night"). `kvtrace export` takes several traces (a week of nights
+    replayed together) and read_trace concatenates their rows, parent_row as it stands: a row
+    of the second night now names a row of the first. Replayed with the agent form, the agent's
+    turns wait on another night's unrelated requests (a spawn with a negative delay, here), and
+    the graph changes with the order the nights are given in: a silently wrong benchmark."""
+    agents = write_jsonl(tmp_path / "agents.jsonl", [record for record, _ in agent_log()])
+    chats = write_jsonl(tmp_path / "chats.jsonl", [chat(i, 1_000 * i) for i in range(3)])
+    for name, log in (("agents", agents), ("chats", chats)):
+        assert (
+            anonymize(tiny_tokenizer, [log], tmp_path / name, "--block-size", "4", "--emit-parents")
+            == 0
+        )
+    alone, both = tmp_path / "alone.jsonl", tmp_path / "both.jsonl"
+    to = ["--to", "dynamo-agentic", "-o"]
+    assert main(["export", str(tmp_path / "agents"), *to, str(alone)]) == 0
+    assert main(["export", str(tmp_path / "chats"), str(tmp_path / "agents"), *to, str(both)]) == 0
+    # The chats link nothing: the agents' links, and only theirs, whatever else is replayed.
+    assert _agentic_edges(both) == _agentic_edges(alone)
