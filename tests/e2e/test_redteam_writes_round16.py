@@ -12,10 +12,31 @@ from pathlib import Path
 
 import pytest
 
-from helpers import agent_log, anonymize, chat, write_jsonl
+from helpers import agent_log, anonymize, chat, kvtrace_child, night_args, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
+
+# SIGTERM once the id map's version 2 record is linked into versions/ (exclusive._create_local:
+# the commit's one atomic step), as the versions folder is synced next; that sync then takes
+# longer than the stop's deadline (a loaded disk, a network file system): it waits on a pipe
+# nobody writes, so the CLI's own deadline (STOP_DEADLINE_S) ends the run, as it ends any
+# unwinding that does not end.
+_STOP_AS_THE_COMMIT_IS_SYNCED = """
+import os, signal
+_link, _fsync, _linked = os.link, os.fsync, []
+def _note_link(source, destination, *args, **kwargs):
+    done = _link(source, destination, *args, **kwargs)
+    if str(destination).endswith("/versions/000002.json"):
+        _linked.append(destination)
+    return done
+def _slow_sync(fd):
+    if _linked:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.read(os.pipe()[0], 1)
+    return _fsync(fd)
+os.link, os.fsync = _note_link, _slow_sync
+"""
 
 
 def _agentic_edges(export: Path) -> set[tuple]:
@@ -56,3 +77,35 @@ def test_exporting_two_nights_never_links_one_nights_rows_to_the_others(tiny_tok
     assert main(["export", str(tmp_path / "chats"), str(tmp_path / "agents"), *to, str(both)]) == 0
     # The chats link nothing: the agents' links, and only theirs, whatever else is replayed.
     assert _agentic_edges(both) == _agentic_edges(alone)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 16")
+def test_a_stop_past_its_deadline_as_the_map_commits_names_the_version_committed(
+    tiny_tokenizer, tmp_path
+):
+    """A stop's line says what the run published (publish.published_here): "published version
+    N of the id map before the stop" once the version stands. The version is committed the
+    moment its record is linked into versions/ (current_version_number: the highest record;
+    CURRENT is a hint), but the run records it only once create_exclusive has returned, after
+    the versions folder is synced. A stop landing in that sync, which outlasts the deadline,
+    ends the run by the hard end (abandon_staged), whose record of the publication under way
+    (anonymize_night._committed) is still empty: the line says "stopped: nothing published"
+    while version 2 stands in the map, the next night continuing from it. The operator is told
+    the map is as it was."""
+    first = night_args(
+        tmp_path, tiny_tokenizer, tmp_path / "night1", "--id-map", str(tmp_path / "map")
+    )
+    assert kvtrace_child(*first).returncode == 0
+    records = [chat(i, 1_000 * i, f"s{i % 5}", rotate=i % 3) for i in range(12, 26)]
+    second = night_args(
+        tmp_path,
+        tiny_tokenizer,
+        tmp_path / "night2",
+        "--id-map",
+        str(tmp_path / "map"),
+        records=records,
+    )
+    stopped = kvtrace_child(*second, prelude=_STOP_AS_THE_COMMIT_IS_SYNCED)
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert (tmp_path / "map" / "versions" / "000002.json").is_file()  # committed: it stands
+    assert "version 2 of the id map" in stopped.stderr, stopped.stderr[-2000:]
