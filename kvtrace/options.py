@@ -60,7 +60,10 @@ def check_beam_flags(flags: Sequence[str], our_flags: Iterable[str]) -> None:
     hints = []
     for name in unknown:
         close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
-        hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
+        if close == [name]:  # kvtrace's own, of other commands (export's --overwrite)
+            hints.append(f"{name} (not an option of this command)")
+        else:
+            hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
     raise ConfigError(f"unknown option(s): {', '.join(hints)}; see kvtrace COMMAND --help")
 
 

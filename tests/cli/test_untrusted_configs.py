@@ -282,6 +282,17 @@ def test_every_command_suggests_the_option_a_typo_meant(capsys, command, typo, m
     assert f"unknown option {typo} (did you mean {meant}?)" in capsys.readouterr().err
 
 
+@pytest.mark.beam  # the flags left to Beam are checked against Beam's own options
+def test_another_commands_option_is_named_as_such_not_suggested_as_itself(tmp_path, capsys):
+    """export's --overwrite given to anonymize: 'did you mean --overwrite?' would say nothing."""
+    log = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    args = ["anonymize", "--input", str(log), "-o", str(tmp_path / "o"), "--overwrite"]
+    assert main([*args, "--tokenizer", "t"]) == 2
+    said = capsys.readouterr().err
+    assert "--overwrite (not an option of this command)" in said
+    assert "did you mean" not in said
+
+
 def test_a_negative_value_reaches_its_option_and_is_named(tmp_path, capsys):
     trace = write_jsonl(
         tmp_path / "t.jsonl",

@@ -107,7 +107,6 @@ def _second_night(tmp_path: Path, tokenizer: str) -> list[str]:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 16")
 def test_a_stop_past_its_deadline_as_the_map_commits_names_the_version_committed(
     tiny_tokenizer, tmp_path
 ):
@@ -128,7 +127,6 @@ def test_a_stop_past_its_deadline_as_the_map_commits_names_the_version_committed
     assert "version 2 of the id map" in stopped.stderr, stopped.stderr[-2000:]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 16")
 def test_a_failure_as_the_map_commits_names_the_version_committed(tiny_tokenizer, tmp_path):
     """The failure's line says what the run published before it (cli._failed, round 13):
     "published version N of the id map before the failure". The same gap as the stop's: the

@@ -21,7 +21,7 @@ import fcntl
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from kvtrace.transforms import storage
@@ -34,17 +34,23 @@ LOCK_WAIT_S = 60.0
 LOCK_POLL_S = 0.01
 
 
-def create_exclusive(path: str, data: bytes) -> bool:
-    """Write data to path unless path exists; True when this call created it."""
+def create_exclusive(path: str, data: bytes, created: Callable[[], None] = lambda: None) -> bool:
+    """Write data to path unless path exists; True when this call created it. created: called
+    the moment path stands, before the call's own syncing and tidying, so a stop or a failure
+    in those still knows the file was made."""
     if not is_url(path):
-        return _create_local(path, data)
+        return _create_local(path, data, created)
     if path.startswith("gs://"):
-        return _create_gcs(path, data)
-    if storage.exists(path):
+        made = _create_gcs(path, data)
+    elif storage.exists(path):
         return False
-    with storage.create(path) as handle:
-        handle.write(data)
-    return True
+    else:
+        with storage.create(path) as handle:
+            handle.write(data)
+        made = True
+    if made:
+        created()
+    return made
 
 
 def replace_file(path: str, data: bytes) -> None:
@@ -115,12 +121,13 @@ def _held_temp(path: str) -> Iterator[str]:
         yield staged
 
 
-def _create_local(path: str, data: bytes) -> bool:
+def _create_local(path: str, data: bytes, created: Callable[[], None]) -> bool:
     with _held_temp(path) as staged:
         try:
             with storage.create(staged, private=True) as handle:  # durable before it is linked
                 handle.write(data)
             os.link(staged, path)  # fails if path exists: the atomic step
+            created()
             storage.sync_folder(os.path.dirname(path) or ".")
             return True
         except FileExistsError:

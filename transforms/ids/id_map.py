@@ -1086,12 +1086,11 @@ def publish(
     if folders:  # the new folders' own entries
         storage.sync_folder(storage.join(directory, "segments"))
     metadata = version_bytes(new, key)
+    record = committed if committed is not None else []
     if current_version_number(directory) != base.version or not create_exclusive(
-        version_path(directory, new.version), metadata
+        version_path(directory, new.version), metadata, lambda: record.append(new.version)
     ):
         raise _extended(directory, base)
-    if committed is not None:
-        committed.append(new.version)
     for folder in _new_folders(directory, base, new):
         with storage.create(storage.join(folder, COMMITTED_MARK), private=True):
             pass
