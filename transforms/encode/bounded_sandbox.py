@@ -32,12 +32,13 @@ from __future__ import annotations
 import functools
 import re
 import string
+import sys
 from collections.abc import Iterable, Iterator
 from itertools import chain
 from typing import Any, Callable
 
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
-from jinja2.exceptions import TemplateRuntimeError
+from jinja2.exceptions import TemplateRuntimeError, TemplateSyntaxError
 from jinja2.filters import make_attrgetter
 from jinja2.nodes import Add, Concat
 from jinja2.runtime import Context, LoopContext, Undefined
@@ -909,6 +910,17 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                     args = (_listed(args[0]), *args[1:])
                 _STR_METHOD_CHECKS[method](text, *args, *kwargs.values())
         return _checked(super().call(__context, __obj, *args, **kwargs), "a call")
+
+    def handle_exception(self, source: str | None = None) -> Any:
+        """A render's error raised as it is. jinja rewrites its traceback into the template's
+        lines, compiling a code object per frame, and no dead letter shows a traceback (its
+        text is the error's, unchanged); a template that takes tool-call arguments only as
+        strings fails once per such request (render_chat tries objects first). A syntax error
+        is jinja's to translate: its text gains the template's line."""
+        error = sys.exc_info()[1]
+        if error is None or isinstance(error, TemplateSyntaxError):
+            return super().handle_exception(source)
+        raise error
 
     def concat(self, pieces: Iterable[str]) -> str:  # type: ignore[override]
         """The rendered output joined (jinja's Environment.concat), its length bounded too: the

@@ -16,6 +16,10 @@ from typing import Any
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.json_tree import ContainerBudget, loads_checked
 
+# json.dumps(value, ensure_ascii=False), the same text: json.dumps builds an encoder per call for
+# any option but its defaults, and this runs per tool call of a request rendered with strings.
+_json_text = json.JSONEncoder(ensure_ascii=False).encode
+
 # The roles OpenAI-compatible servers accept; anything else they answer with a 400.
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
@@ -199,7 +203,7 @@ def arguments_as_strings(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
                     **c,
                     "function": {
                         **c["function"],
-                        "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False),
+                        "arguments": _json_text(c["function"]["arguments"]),
                     },
                 }
                 for c in calls
@@ -441,7 +445,7 @@ def generated_text(response: Any) -> str | None:
             if isinstance(piece, str):
                 texts.append(piece)
             elif piece is not None:
-                texts.append(json.dumps(piece, ensure_ascii=False))
+                texts.append(_json_text(piece))
     return "".join(texts) if found else None
 
 

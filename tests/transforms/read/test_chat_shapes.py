@@ -38,6 +38,16 @@ def test_deepseek_r1_gets_the_arguments_as_the_json_string_its_template_concaten
     assert '```json\n{"city": "Paris"}\n```' in text
 
 
+def test_arguments_as_strings_are_json_dumps_text_unescaped():
+    """json.dumps(arguments, ensure_ascii=False), as the wire form spells them."""
+    arguments = {"city": "Zürich", "days": [1, 2.5, True, None], "note": 'say "hi"\n'}
+    turn = json.loads(json.dumps(OPENAI_TOOL_TURN))
+    turn["messages"][1]["tool_calls"][0]["function"]["arguments"] = json.dumps(arguments)
+    text = render(str(shared_path("tokenizers", "deepseek-r1")), turn)
+    assert f"```json\n{json.dumps(arguments, ensure_ascii=False)}\n```" in text
+    assert '{"city": "Zürich", "days": [1, 2.5, true, null], "note": "say \\"hi\\"\\n"}' in text
+
+
 @pytest.mark.parametrize(
     "template",
     [
