@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 import re
+import sys
 
 import pytest
 
@@ -59,3 +60,21 @@ def test_every_letter_weighs_its_bytes_alike_on_every_engine(tiny_tokenizer, tmp
     }
     assert set(weights) == {"invalid_json", "no_input", "unjoined_batch"}
     assert all(weight > 0 for weight in weights.values())
+
+
+def test_standard_input_weighs_its_letters_as_its_file_does(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
+    """Standard input is spooled and read as its file is: a compressed log's letters weigh
+    its lines at the same whole share, and the summary says the same bytes lost."""
+    [log, *_] = _inputs(tmp_path)
+    flags = ("--block-size", "4", "--max-rejected-fraction", "0.9")
+    said, weights = [], []
+    for name, given in (("file", str(log)), ("stdin", "-")):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(log.read_bytes())))
+        assert anonymize(tiny_tokenizer, [given], tmp_path / name, *flags) == 0
+        said.append(re.findall(r"[\d,]+ input bytes became no record", capsys.readouterr().out))
+        letters = published_letters(tmp_path / f"{name}-rejected").read_bytes().splitlines()
+        weights.append(sorted(json.loads(letter)["lost_bytes"] for letter in letters))
+    assert said[0] == said[1] and len(said[0]) == 1
+    assert weights[0] == weights[1] and len(weights[0]) == 2
