@@ -47,9 +47,10 @@ class DeadLetter:
     line: bytes
     reason: str
     message: str
-    # Input bytes that became no record unread (a damaged file's cut record or unreadable rest,
-    # a file or line refused unread): --max-rejected-fraction weighs them as well as the count
-    # of records, as one letter may stand for many records' bytes.
+    # Input bytes that became no record (a damaged file's cut record or unreadable rest, a file
+    # or line refused unread, a record's bytes as read: read/records.line_weight):
+    # --max-rejected-fraction weighs them as well as the count of records, as one letter may
+    # stand for many records' bytes.
     lost_bytes: int = 0
     # Whether the record may hold an engine's raw block hashes: decided once, where the letter
     # is made, by the run (every letter of a capture run) or by the decoded record (a text

@@ -54,7 +54,6 @@ def test_a_tool_result_never_links_to_a_call_of_another_session(tiny_tokenizer, 
     assert "parent_row" not in rows[1]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 16")
 def test_a_compressed_log_publishes_or_not_whatever_the_order_of_its_lines(
     tiny_tokenizer, tmp_path
 ):

@@ -143,7 +143,6 @@ def test_a_row_group_inside_a_page_headers_statistics_loses_none_silently(tiny_t
     assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 16")
 def test_a_list_response_wrapping_a_log_beside_it_weighs_its_bytes(tiny_tokenizer, tmp_path):
     """Round 15 made a line that decodes to no object (a JSON array of records) weigh its bytes
     in --max-rejected-fraction (sources.StoredLine). The same records wrapped in an object, as

@@ -33,7 +33,13 @@ from kvtrace.transforms import storage
 from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
 from kvtrace.transforms.read.json_tree import check_tree
-from kvtrace.transforms.read.records import ParseOptions, decode_record, load_json_line
+from kvtrace.transforms.read.records import (
+    ParseOptions,
+    StoredLine,
+    decode_record,
+    line_weight,
+    load_json_line,
+)
 from kvtrace.transforms.sorted_runs import merge_files, write_run
 
 INPUT, OUTPUT = "input", "output"
@@ -115,13 +121,16 @@ def join_halves(custom_id: str, halves: Iterable[Half]) -> Iterator[tuple[str, b
             yield _duplicate(custom_id, half, *repeated)
         return
     if len(held) == 2:
+        both = line_weight(held[INPUT].line) + line_weight(held[OUTPUT].line)
         try:
             joined = joined_line(held[INPUT].line, held[OUTPUT].line)
         except (Rejected, *UNANTICIPATED) as err:  # the pair is one record: one letter
             failed = err if isinstance(err, Rejected) else unanticipated(err)
-            yield _letter(held[INPUT], failed.reason, f"the joined Batch record: {failed.message}")
+            message = f"the joined Batch record: {failed.message}"
+            yield _letter(held[INPUT], failed.reason, message, both)
             return
-        yield held[INPUT].source, joined
+        # the pair's letter, if it is refused, weighs both lines' bytes as read
+        yield held[INPUT].source, StoredLine.weighing(joined, both)
     elif INPUT in held:
         yield _letter(
             held[INPUT],
@@ -170,8 +179,12 @@ def _duplicate(custom_id: str, half: Half, side: str) -> DeadLetter:
     )
 
 
-def _letter(half: Half, reason: str, message: str) -> DeadLetter:
-    return DeadLetter(half.source, half.line, reason, message, withhold=half.withhold)
+def _letter(half: Half, reason: str, message: str, lost: int | None = None) -> DeadLetter:
+    """A letter of a line, weighing its bytes as read (lost: the pair's, for a joined pair)."""
+    weight = line_weight(half.line) if lost is None else lost
+    return DeadLetter(
+        half.source, half.line, reason, message, lost_bytes=weight, withhold=half.withhold
+    )
 
 
 # ---- The local engine's external sort --------------------------------------------------------
@@ -184,15 +197,17 @@ def partition_of(custom_id: str, partitions: int) -> int:
 
 def spill_line(custom_id: str, half: Half) -> bytes:
     """A half as one line that sorts with the other lines of its custom_id: an ASCII JSON head
-    (no tab, no newline), a tab, the line as read (which holds no newline)."""
-    head = json.dumps([custom_id, half.side, half.source, half.withhold]).encode("ascii")
+    (no tab, no newline; its weight as read, line_weight, kept as Beam's pickle keeps it), a
+    tab, the line as read (which holds no newline)."""
+    weight = line_weight(half.line)
+    head = json.dumps([custom_id, half.side, half.source, half.withhold, weight]).encode("ascii")
     return head + b"\t" + half.line + b"\n"
 
 
 def _spilled(line: bytes) -> tuple[str, Half]:
     head, record = line.rstrip(b"\n").split(b"\t", 1)
-    custom_id, side, source, withhold = json.loads(head)
-    return custom_id, Half(side, source, record, withhold)
+    custom_id, side, source, withhold, weight = json.loads(head)
+    return custom_id, Half(side, source, StoredLine.weighing(record, weight), withhold)
 
 
 class BatchSpill:

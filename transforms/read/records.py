@@ -93,6 +93,31 @@ class ParseOptions:
         return self.withholds_letters or (value is not None and holds_engine_hashes(line, value))
 
 
+class StoredLine(bytes):
+    """A record's bytes with the input bytes as stored they stand for (`stored`), which every
+    letter made of them weighs (line_weight): a compressed file's line its decoded bytes at its
+    file's whole share (sources.read_range), a Parquet row's rendering its row's share of its
+    row group (sources.StoredRow), a joined Batch pair both its lines' (batch_join.py)."""
+
+    stored: int
+
+    @classmethod
+    def weighing(cls, line: bytes, stored: int) -> StoredLine:
+        weighed = cls(line)
+        weighed.stored = stored
+        return weighed
+
+    def __reduce__(self) -> tuple[Any, ...]:  # Beam pickles it between steps
+        return StoredLine.weighing, (bytes(self), self.stored)
+
+
+def line_weight(line: bytes) -> int:
+    """The input bytes as stored a record's line stands for: what its letter weighs in
+    --max-rejected-fraction whatever it decodes to and whatever its reason (a line may wrap any
+    number of records); a plain file's line its own bytes."""
+    return line.stored if isinstance(line, StoredLine) else len(line)
+
+
 @dataclass(frozen=True)
 class Request:
     """One parsed request, still holding its text: it never leaves the tokenize step."""
@@ -122,7 +147,14 @@ class Request:
         have withheld it (ParseOptions.withholds): a capture is a capture run's; a text record
         is decided on its line decoded again here, as letters are few and no record should
         pay, as it parses, for what only a letter needs."""
-        return DeadLetter(self.source, self.line, reason, message, withhold=self._withheld())
+        return DeadLetter(
+            self.source,
+            self.line,
+            reason,
+            message,
+            lost_bytes=line_weight(self.line),
+            withhold=self._withheld(),
+        )
 
     def _withheld(self) -> bool:
         if self.capture is not None:  # parsed in a capture run only: every letter withheld

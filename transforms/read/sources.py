@@ -31,6 +31,7 @@ from kvtrace.transforms.read.decompress import PLAIN_SUFFIX, content_form, input
 from kvtrace.transforms.read.numbers import row_reader
 from kvtrace.transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
+    READ_CHUNK_BYTES,
     FooterOverBound,
     Oversized,
     StrayBytes,
@@ -52,7 +53,9 @@ from kvtrace.transforms.read.paths import (
 from kvtrace.transforms.read.records import (
     ParseOptions,
     Request,
+    StoredLine,
     decode_value,
+    line_weight,
     object_of,
     request_from_object,
     without_nulls,
@@ -186,6 +189,7 @@ def _read_range(
     reached = 0  # the range's bytes as stored that records handed on were decoded from
     compressed = compression_of(piece.path) is not None
     weighed = 0  # what the range's oversized lines weighed as lost
+    share = _whole_share(piece.path) if compressed else 1.0
     held: tuple[int, bytes] | None = None  # the last line, held until we know it is whole
     try:
         if not compressed and (form := misnamed_form(piece.path)):
@@ -202,10 +206,10 @@ def _read_range(
                     held = None
                     reached = stored_position(stream, offset) - piece.start
                 if isinstance(line, Oversized):
-                    # Its letter weighs its bytes, a compressed file's at the share of stored
-                    # bytes reached (as a line that decodes to no object does), never more in
-                    # all than the range holds as stored (the gate divides by those).
-                    lost = stored_weight(line.size, stored_share(stream))
+                    # Its letter weighs its bytes, a compressed file's at the file's whole
+                    # share (as every line's letter does), never more in all than the range
+                    # holds as stored (the gate divides by those).
+                    lost = stored_weight(line.size, share)
                     if compressed:
                         lost = min(lost, _range_stored_bytes(piece) - weighed)
                     weighed += lost
@@ -218,7 +222,9 @@ def _read_range(
                 if line.strip():
                     held = (
                         offset,
-                        StoredLine.of(line, stored_share(stream)) if compressed else line,
+                        StoredLine.weighing(line, stored_weight(len(line), share))
+                        if compressed
+                        else line,
                     )
                 if progress is not None and progress.due():
                     progress.reached(stored_position(stream, offset) - piece.start)
@@ -243,38 +249,53 @@ def _read_range(
         )
 
 
-class StoredLine(bytes):
-    """A compressed file's line, with the bytes as stored it stands for (`stored`: its decoded
-    bytes at the share its reader had reached, paths.stored_share), which parse_one weighs it by
-    if it decodes to no object: a plain line stands for its own bytes."""
+def _whole_share(path: str) -> float:
+    """The bytes as stored a decoded byte of a compressed file stands for over the whole file
+    (paths.stored_share at its end, or where it breaks off), decoded once before its lines are
+    read: every line's weight is its decoded bytes at this one share, so no order of the lines
+    changes what a line weighs (a share so far would weigh a line by what came before it). A
+    file that cannot be opened weighs its lines' decoded bytes (share 1: more, never less); its
+    read fails alike, a letter."""
+    try:
+        with open_stream(path) as stream:
+            try:
+                while stream.read(READ_CHUNK_BYTES):
+                    pass
+            except (OSError, ValueError, EOFError):
+                pass  # broken off: the share of what decodes; the read's letter says where
+            return stored_share(stream)
+    except (OSError, ValueError, EOFError):
+        return 1.0
+
+
+def stored_weight(decoded: int, share: float) -> int:
+    """What `decoded` bytes weigh as stored at a file's share (_whole_share), rounded up: a loss
+    weighs more, never less."""
+    return math.ceil(decoded * share)
+
+
+class StoredRow(dict):
+    """A Parquet row, with the input bytes as stored it stands for (`stored`): its row group's
+    bytes shared evenly among its rows (a row's own bytes cannot be placed in compressed pages
+    without decoding the group twice), which every letter made of it weighs."""
 
     stored: int
 
     @classmethod
-    def of(cls, line: bytes, share: float) -> StoredLine:
-        weighed = cls(line)
-        weighed.stored = stored_weight(len(line), share)
+    def weighing(cls, row: dict, stored: int) -> StoredRow:
+        weighed = cls(row)
+        weighed.stored = stored
         return weighed
 
     def __reduce__(self) -> tuple[Any, ...]:  # Beam pickles it between steps
-        return _stored_line, (bytes(self), self.stored)
+        return StoredRow.weighing, (dict(self), self.stored)
 
 
-def _stored_line(line: bytes, stored: int) -> StoredLine:
-    weighed = StoredLine(line)
-    weighed.stored = stored
-    return weighed
-
-
-def stored_weight(decoded: int, share: float) -> int:
-    """What `decoded` bytes weigh as stored at a stream's share (paths.stored_share), rounded
-    up: a loss weighs more, never less."""
-    return math.ceil(decoded * share)
-
-
-def stored_bytes_of(line: bytes) -> int:
-    """The bytes as stored a line read stands for (StoredLine), its own for a plain file's."""
-    return line.stored if isinstance(line, StoredLine) else len(line)
+def row_share(metadata: pq.FileMetaData, group: int, stored: int) -> int:
+    """What one row of a row group weighs (StoredRow): the group's bytes as stored over its
+    rows, rounded up."""
+    rows = max(metadata.row_group(group).num_rows, 1)
+    return -(-group_stored_bytes(metadata, group, stored) // rows)
 
 
 def misnamed_form(path: str) -> str | None:
@@ -422,6 +443,7 @@ def _row_group(
     dead letter weighing the group's bytes as stored (stored: the file's) as lost: its rows
     before the break cannot be placed in its compressed pages, and a loss weighs never less."""
     dense = without_views(parquet.schema_arrow)  # the rows' types, dictionaries decoded
+    weight = row_share(parquet.metadata, group, stored)
     read = 0
     try:
         for run in sized_rows(raw, parquet, group, max_record_bytes, PARQUET_BATCH_ROWS):
@@ -432,9 +454,10 @@ def _row_group(
                     "too_large",
                     f"row {first + run.first} not decoded: {run.size} bytes as "
                     f"JSON at least, over --max-record-bytes {max_record_bytes}",
+                    lost_bytes=weight,
                 )
             else:
-                yield from _python_rows(path, run.rows, dense, first + run.first)
+                yield from _python_rows(path, run.rows, dense, first + run.first, weight)
             read = run.first + (1 if run.rows is None else run.rows.num_rows)
     except MemoryError:  # the process's state, not the file's
         raise
@@ -450,21 +473,21 @@ def _row_group(
 
 
 def _python_rows(
-    path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int
+    path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int, weight: int
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     """Rows (sized already) as dicts: the one place Parquet values become Python values, each
     the JSON value of its text as its Arrow type decides (numbers.json_reader: a decimal, a
     narrow float, bytes). A value Arrow holds but Python cannot (a timestamp past year 9999, a
     decimal past its precision, a map with a key twice, bytes not UTF-8) fails its row alone:
     the rows are then converted one by one, and each that fails is a dead letter saying why,
-    numbered from `first`."""
+    numbered from `first`. Each row weighs `weight` (StoredRow)."""
     try:
         converted = _as_python(rows, dense)
     except CONVERSION_FAILURES:
         converted = None
     if converted is not None:
         for row in converted:
-            yield path, without_nulls(row)
+            yield path, StoredRow.weighing(without_nulls(row), weight)
         return
     for index in range(rows.num_rows):
         try:
@@ -476,9 +499,10 @@ def _python_rows(
                 b"",
                 failed.reason,
                 f"row {first + index} has a value Python cannot hold: {failed.message}",
+                lost_bytes=weight,
             )
             continue
-        yield path, without_nulls(row)
+        yield path, StoredRow.weighing(without_nulls(row), weight)
 
 
 def _as_python(rows: pa.RecordBatch, dense: pa.Schema) -> list[dict]:
@@ -558,8 +582,11 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             b"",
             "too_deep",
             "row nested too deep to serialize",
+            lost_bytes=getattr(record, "stored", 0),
             withhold=options.withholds_letters,
         )
+    if isinstance(record, StoredRow):  # its rendering stands for the row's bytes as stored
+        line = StoredLine.weighing(line, record.stored)
     if not is_line and len(line) > options.max_record_bytes:  # a line's size is known sooner
         return DeadLetter(
             source,
@@ -567,15 +594,14 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             "too_large",
             f"row of {len(line)} bytes as JSON, over --max-record-bytes "
             f"{options.max_record_bytes}; `line` holds its first bytes only",
+            lost_bytes=line_weight(line),
             withhold=options.withholds(line, record),
         )
     value = None if is_line else record  # the record decoded, once it is
-    an_object = not is_line  # whether the input became an object: else its letter weighs it
     try:
         if is_line:
             value, check_strings = decode_value(line, options)
             found = object_of(value)
-            an_object = True
             return request_from_object(found, line, source, options, check_strings)
         if not isinstance(record, dict):
             raise Rejected("not_an_object", f"a {type(record).__name__}, not an object")
@@ -591,7 +617,7 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
         reason,
         message,
         withhold=options.withholds(line, value),
-        # Input that never became an object may have held any number of records (a writer that
-        # left out newlines, a JSON array): it weighs its bytes, as a line refused unread does.
-        lost_bytes=0 if an_object else stored_bytes_of(record),
+        # A line may wrap any number of records (a JSON array, a list response's `data`, a
+        # writer that left out newlines): whatever it decodes to, its letter weighs its bytes.
+        lost_bytes=line_weight(line),
     )

@@ -54,8 +54,8 @@ class RecordCounts:
     read: int
     rejected: int
     # Input bytes that became no record (dead_letters.DeadLetter.lost_bytes: a damaged file's
-    # rest, a file or line refused unread), and all input bytes as stored: one letter may stand
-    # for many records' bytes.
+    # rest, a file or line refused unread, every record's letter: read/records.line_weight),
+    # and all input bytes as stored: one letter may stand for many records' bytes.
     lost_bytes: int = 0
     input_bytes: int = 0
     # (reason, count) of the rejected records, commonest first: the operator's summary says them.
@@ -63,8 +63,10 @@ class RecordCounts:
 
     def rejected_fraction(self) -> float:
         """The larger of the records rejected and the input bytes lost, at most all of them (a
-        compressed file's loss is placed in stored bytes by its reader's share so far, which
-        may weigh more, never less, than it was: --max-rejected-fraction 1 is no bound)."""
+        compressed file's lost lines weigh their share of its decoded bytes, placed in stored
+        bytes by the whole file's share, each rounded up: what one line compressed to depends
+        on its neighbours and order, its decoded bytes do not; --max-rejected-fraction 1 is
+        no bound)."""
         records = self.rejected / self.read if self.read else 0.0
         lost = min(self.lost_bytes / self.input_bytes, 1.0) if self.input_bytes else 0.0
         return max(records, lost)

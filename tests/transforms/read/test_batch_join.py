@@ -245,6 +245,25 @@ def test_a_line_naming_engine_hashes_withholds_every_letter_made_of_it(tmp_path)
     assert all(letter.withhold for letter in join_halves("h", twice))
 
 
+def test_every_letter_of_a_batch_line_weighs_its_bytes_as_read_through_a_spill(tmp_path):
+    """A Batch line's letter weighs its line's bytes as read (records.line_weight: a compressed
+    file's at its share), kept through the local engine's spill as Beam's pickle keeps it; a
+    pair refused as one record weighs both its lines (round 16)."""
+    from kvtrace.transforms.read.records import StoredLine
+
+    lone = StoredLine.weighing(request("lone"), 7)
+    spill = BatchSpill(str(tmp_path), partitions=1)
+    spill.add("lone", Half(INPUT, "in.gz", lone))
+    [(_, path, _)] = spill.close()
+    [letter] = joined_partition(path)
+    assert (letter.reason, letter.lost_bytes) == (UNJOINED, 7)
+    asked, answered = request("p", timestamp=1), answer("p", tokens=-1)
+    [(_, joined)] = join_halves("p", [Half(INPUT, "in", asked), Half(OUTPUT, "out", answered)])
+    refused = parse_one("in", joined, OPTIONS)
+    assert isinstance(refused, DeadLetter)
+    assert refused.lost_bytes == len(asked) + len(answered)
+
+
 @pytest.mark.beam
 def test_the_beam_step_joins_as_the_local_engine_does():
     import apache_beam as beam

@@ -619,35 +619,49 @@ def test_a_compressed_line_refused_unread_weighs_its_stored_bytes_not_its_decode
     assert len(read) == 4
 
 
+def _stored_row(row: dict, stored: int) -> dict:
+    from kvtrace.transforms.read.sources import StoredRow
+
+    return StoredRow.weighing(row, stored)
+
+
 @pytest.mark.parametrize(
     ("record", "reason", "lost"),
     [
         (b"{broken", "invalid_json", 7),
         (b"\xff\xfe", "invalid_utf8", 2),
         (b"[{}, {}]", "not_an_object", 8),
-        (b'{"timestamp": 1}', "no_input", 0),
-        ({"timestamp": 1}, "no_input", 0),  # a Parquet row: its group weighs its bytes
+        (b'{"timestamp": 1}', "no_input", 16),
+        (b'{"object": "list", "data": [{}]}', "no_input", 32),
+        ({"timestamp": 1}, "no_input", 16),  # a row read from no file: its rendering
+        (_stored_row({"timestamp": 1}, 3), "no_input", 3),  # its share of its row group
     ],
 )
-def test_a_line_that_became_no_object_weighs_its_bytes_an_object_refused_none(record, reason, lost):
-    """Input that never became an object may have held any number of records (a writer that
-    left out newlines, a JSON array export): its letter weighs its bytes, as a line refused
-    unread does. An object refused is one record read, and weighs one record, no byte."""
+def test_every_letter_of_a_record_weighs_its_bytes_whatever_it_decodes_to(record, reason, lost):
+    """A line may wrap any number of records (a writer that left out newlines, a JSON array
+    export, a list response's `data`): whatever JSON it decodes to and whatever its reason,
+    its letter weighs its bytes as read, as a line refused unread does (round 16)."""
     from kvtrace.transforms.read.sources import parse_one
 
     letter = parse_one("logs.jsonl", record, ParseOptions())
     assert (letter.reason, letter.lost_bytes) == (reason, lost)
 
 
-def test_a_compressed_line_keeps_its_stored_weight_between_beam_steps():
-    """Beam pickles what it does not know between steps: the weight travels with the line."""
+def test_a_compressed_line_and_a_row_keep_their_weight_between_beam_steps():
+    """Beam pickles what it does not know between steps: the weight travels with the record,
+    and with the request parsed from it (its letters after the parse weigh it too)."""
     import pickle
 
     from kvtrace.transforms.read.sources import StoredLine, parse_one
 
-    line = pickle.loads(pickle.dumps(StoredLine.of(b"{broken", 0.25)))
+    line = pickle.loads(pickle.dumps(StoredLine.weighing(b"{broken", 2)))
     assert (line, line.stored) == (b"{broken", 2)
     assert parse_one("logs.jsonl.gz", line, ParseOptions()).lost_bytes == 2
+    row = pickle.loads(pickle.dumps(_stored_row({"timestamp": 1}, 3)))
+    assert (row, row.stored) == ({"timestamp": 1}, 3)
+    chat = {"timestamp": 1, "messages": [{"role": "user", "content": "hi"}]}
+    request = parse_one("logs.parquet", _stored_row(chat, 5), ParseOptions())
+    assert pickle.loads(pickle.dumps(request)).letter("no_input", "x").lost_bytes == 5
 
 
 def _letters_of(path) -> list[DeadLetter]:
@@ -674,13 +688,30 @@ def test_junk_lines_of_a_gzip_weigh_their_share_of_its_stored_bytes(tmp_path, li
     path = tmp_path / "logs.jsonl.gz"
     path.write_bytes(gzip.compress(data))
     stored = path.stat().st_size
-    letters = [letter for letter in _letters_of(path) if letter.lost_bytes]
-    assert [letter.reason for letter in letters] == ["invalid_json"] * (lines // 20)
+    letters = [letter for letter in _letters_of(path) if letter.reason == "invalid_json"]
+    assert len(letters) == lines // 20
     junk = sum(len(line) + 1 for line in data.split(b"\n")[:-1] if line.startswith(b"junk"))
     assert junk / len(data) * stored < sum(letter.lost_bytes for letter in letters) < 0.1 * stored
     path.write_bytes(gzip.compress(b"".join(b"junk " + line + b"\n" for line in LINES)))
     lost = sum(letter.lost_bytes for letter in _letters_of(path))
     assert path.stat().st_size <= lost <= 1.01 * path.stat().st_size + len(LINES)
+
+
+def test_a_gzip_line_weighs_the_same_wherever_it_stands_in_its_file(tmp_path):
+    """Every line of a compressed file weighs its decoded bytes at the whole file's share
+    (sources._whole_share), so its letters weigh alike whatever the order of its lines: junk
+    first or last (round 16: a share so far weighed junk before compressible records at the
+    junk's own ratio, after them at the records')."""
+    junk = [b"junk " + bytes(range(256)) * 40 for _ in range(2)]
+    good = [line + b" " * 4000 for line in LINES[:10]]
+    shares = []
+    for lines in (junk + good, good + junk):
+        path = tmp_path / "logs.jsonl.gz"
+        path.write_bytes(gzip.compress(b"".join(line + b"\n" for line in lines), mtime=0))
+        letters = [x for x in _letters_of(path) if x.reason == "invalid_json"]
+        shares.append(sum(letter.lost_bytes for letter in letters) / path.stat().st_size)
+    # the same share of the file (its stored size differs by how the order compresses)
+    assert shares[0] == pytest.approx(shares[1], rel=0.01)
 
 
 def _parquet_bytes(lines: list[bytes]) -> bytes:
