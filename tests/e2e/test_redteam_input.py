@@ -225,6 +225,10 @@ def test_a_long_run_of_whitespace_is_a_dead_letter_not_a_traceback(qwen3_tokeniz
             qwen3_tokenizer,
             "--processes",
             "1",
+            # The one letter holds nearly all the input's bytes, which refuses the night by
+            # default (every letter weighs its bytes): here the letter itself is the subject.
+            "--max-rejected-fraction",
+            "1",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -318,7 +322,10 @@ def test_long_conversations_first_in_a_log_are_dead_letters_not_a_failed_run(
         ],
     )
     out = tmp_path / "out"
-    assert anonymize(qwen3_tokenizer, [src], out, "--processes", "1") == 0
+    # The 3 letters hold nearly all the input's bytes, which refuses the night by default
+    # (every letter weighs its bytes): here the letters themselves are the subject.
+    fraction = ("--max-rejected-fraction", "1")
+    assert anonymize(qwen3_tokenizer, [src], out, "--processes", "1", *fraction) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     letters = list((tmp_path / "out-rejected").glob("*.jsonl"))
     assert manifest["records"]["exported"] == 20 and len(letters[0].read_text().splitlines()) == 3
