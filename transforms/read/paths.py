@@ -523,8 +523,9 @@ def _check_chunks(
     a page grown over it holds bytes past its values. A page over max_page_bytes (the
     readers' ceiling) is not read here, to stay within it: its payload goes unchecked, and a
     repeated chunk holding one goes uncounted (read, its group is refused unread:
-    oversized_pages). The dictionary entries no index of their chunk names are bytes no record
-    reads, returned (as StrayBytes: their stored share) for the caller to weigh or refuse."""
+    oversized_pages). Dictionary entries no index names (parquet_payload.Entries) are bytes no
+    record reads, returned (as StrayBytes: their stored share) for the caller to weigh or
+    refuse."""
     schema = metadata.schema
     entries = Entries()
     try:

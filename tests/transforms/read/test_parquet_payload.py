@@ -59,7 +59,8 @@ def test_a_bit_packed_run_passes_its_values_by_less_than_a_writers_block():
     """Red team round 16: a run claiming groups past its values held bytes no decoder reads.
     DuckDB packs 256 values (32 groups) a run, the last past the page's values: so far, no
     further."""
-    assert hybrid_end(bytes([32 << 1 | 1]) + bytes(32), 0, 1, 3) == (33, 0)
+    stale = bytes([0b11111101]) + b"\xff" * 31  # 3 values (1, 0, 1), then earlier ones
+    assert hybrid_end(bytes([32 << 1 | 1]) + stale, 0, 1, 3, 1) == (33, 2)
     with pytest.raises(ValueError, match="groups past its values"):
         hybrid_end(bytes([33 << 1 | 1]) + bytes(33), 0, 1, 3)
     # a group, then a run of 33 groups for the 9 values left
