@@ -99,7 +99,6 @@ def _lost_none(out: Path) -> bool:
     return published == [*(1_000 * i for i in range(6)), CLEAN_CHAT_MS] or "damaged_file" in errors
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 16")
 def test_a_row_group_inside_a_bit_packed_run_past_its_values_loses_none_silently(
     tiny_tokenizer, tmp_path
 ):
@@ -116,7 +115,6 @@ def test_a_row_group_inside_a_bit_packed_run_past_its_values_loses_none_silently
     assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 16")
 def test_a_row_group_inside_a_dictionary_entry_no_index_names_loses_none_silently(
     tiny_tokenizer, tmp_path
 ):
