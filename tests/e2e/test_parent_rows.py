@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from helpers import agent_log, anonymize, assert_same_output, trace, write_jsonl
+from helpers import SALT, agent_log, anonymize, assert_same_output, trace, write_jsonl
 from kvtrace.cli import main
 from kvtrace.transforms.trace_format import PARENT_FIELD
 
@@ -55,6 +55,23 @@ def test_without_the_flag_no_row_has_a_parent(tiny_tokenizer, tmp_path):
     src = write_jsonl(tmp_path / "agent.jsonl", [record for record, _ in agent_log()])
     assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4") == 0
     assert not any(PARENT_FIELD in row for row in trace(tmp_path / "out"))
+
+
+def test_a_recorded_nights_rerun_with_the_flag_the_other_way_is_told_why(
+    tiny_tokenizer, tmp_path, capsys
+):
+    """parent_row is part of a night's rows, so the same night with --emit-parents given the
+    other way is another night over the map's: refused as that, not as a cut to move."""
+    src = write_jsonl(tmp_path / "agent.jsonl", [record for record, _ in agent_log()])
+    (tmp_path / "salt").write_text(SALT)
+    keyed = ("--block-size", "4", "--salt-file", str(tmp_path / "salt"))
+    keyed += ("--id-map", str(tmp_path / "map"))
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "n1", *keyed, "--emit-parents") == 0
+    capsys.readouterr()
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "n1-again", *keyed) != 0
+    err = capsys.readouterr().err
+    assert "parent_row too" in err and "Cut nights" not in err
+    assert not (tmp_path / "n1-again").exists()
 
 
 @pytest.mark.beam

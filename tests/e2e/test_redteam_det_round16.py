@@ -17,7 +17,6 @@ def _call(call_id: str) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": "ls", "arguments": "{}"}}
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 16")
 def test_a_tool_result_never_links_to_a_call_of_another_session(tiny_tokenizer, tmp_path):
     """Promise (docs/ANONYMIZE.md, links: 'Call ids are matched within the request's session';
     read/links.py: 'within its session'). encode/hashed_batch.link_key keys a call link as

@@ -73,7 +73,6 @@ def _agentic_edges(export: Path) -> set[tuple]:
     }
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 16")
 def test_exporting_two_nights_never_links_one_nights_rows_to_the_others(tiny_tokenizer, tmp_path):
     """`parent_row` is "the 0-based number of that row across the shards" of its own night
     (docs/OUTPUT.md), and a night's links never leave it (docs/PRIVACY.md: "a request continued

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import xxhash
 
-from kvtrace.transforms.encode.blocks import DIGEST_SIZE, keyed_digest
-from kvtrace.transforms.encode.fingerprint import fingerprint
+from kvtrace.transforms.encode.blocks import DIGEST_SIZE
+from kvtrace.transforms.encode.fingerprint import fingerprint, fingerprint_bytes
 from kvtrace.transforms.read.links import in_conversation
 from kvtrace.transforms.read.measured import NOT_MEASURED
 from kvtrace.transforms.trace_format import NO_RESPONSE_MS
@@ -50,6 +51,7 @@ class HashedRequest:
 
 NO_LINK = 0
 LINK_SIZE = 8
+_LINK_DOMAIN = b"\0link\0"  # these keys are no other digest's (blocks.keyed_digest: \0id\0)
 
 
 def links_digest(continues: str | None, links: Sequence[str]) -> int:
@@ -64,17 +66,21 @@ def links_digest(continues: str | None, links: Sequence[str]) -> int:
 
 def link_key(session: str | None, link: str, seed: bytes) -> int | None:
     """A link's key, within its conversation where it names something only there
-    (links.in_conversation), keyed like a session's; never NO_LINK. None for such a link of a
-    request in no session: it has no conversation to name something in (two sessionless
+    (links.in_conversation), keyed by the salt's seed; never NO_LINK. None for such a link of
+    a request in no session: it has no conversation to name something in (two sessionless
     conversations' `call_0` are not one call)."""
     if not in_conversation(link):
-        scope = ""
+        scope = None
     elif session is None:
         return None
     else:
         scope = session
-    scoped = f"{scope}\0{link}"
-    return int.from_bytes(keyed_digest(scoped, seed)[:LINK_SIZE], "little") | 1
+    # The fingerprint's encoder (each length first, the scope an optional value): a session
+    # and a link may hold any character, NUL too, so no separator could keep them apart.
+    named = link.encode("utf-8", "surrogatepass")
+    scoped = fingerprint_bytes(None, 0, [named], None, 0, 0, scope)
+    digest = xxhash.xxh3_128_digest(seed + _LINK_DOMAIN + scoped)
+    return int.from_bytes(digest[:LINK_SIZE], "little") | 1
 
 
 def link_keys(

@@ -1038,10 +1038,21 @@ def check_night_follows(directory: str, base: MapVersion, night: Night) -> None:
     """Refuse a new night that begins at or before the last time the map's nights published
     (a cut inside a --timestamp-granularity-ms granule, or a log the map has passed): one run
     would sort its rows among theirs, nights cannot, so nothing may publish it. A rerun of a
-    recorded night is that night, and passes."""
+    recorded night is that night, and passes; a night that begins where a recorded one began
+    but is not it (other rows) is told so: most likely a rerun with other flags."""
     last = base.published_to_ms
     if last is None or night.start["time_from_ms"] > last:
         return
+    begun = night.start["time_from_ms"]
+    twin = next((e for e in base.history if e.get("start", {}).get("time_from_ms") == begun), None)
+    if twin is not None:
+        raise JobStopped(
+            f"this night begins at {begun} ms, as the night the id map {directory} recorded "
+            f"in version {twin['version']} did, but its rows are not that night's: a night's "
+            f"identity covers every published byte of its rows, parent_row too, so a rerun "
+            f"with --emit-parents given the other way (or other flags or inputs) is another "
+            f"night, over the map's. Rerun it as it ran; nothing was published."
+        )
     raise JobStopped(
         f"this night's first row would publish at {night.start['time_from_ms']} ms, at or before "
         f"{last} ms, the last time the id map {directory}'s nights published: its rows would not "

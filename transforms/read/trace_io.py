@@ -110,23 +110,21 @@ class Trace:
     response_ms: np.ndarray | None = None
     # int64: the row number (in this order) of the row's parent (NO_PARENT where none), or None
     parent: np.ndarray | None = None
+    # Why the parents cannot be used (a parent_row naming no earlier row of its own trace), or
+    # None: said when they are (parents), so a command that reads no parent reads the trace.
+    parent_error: str | None = None
 
     def __len__(self) -> int:
         return len(self.input_length)
 
     def parents(self) -> np.ndarray:
         """Each row's parent row, NO_PARENT where none; ValueError (one line) when a parent does
-        not precede its row, as kvtrace writes it (a foreign trace's, or rows read out of their
-        folder's order)."""
+        not precede its row in its own trace, as kvtrace writes it (a foreign trace's, or rows
+        read out of their folder's order)."""
+        if self.parent_error is not None:
+            raise ValueError(self.parent_error)
         if self.parent is None:
             return np.full(len(self), NO_PARENT, dtype=np.int64)
-        linked = np.flatnonzero(self.parent != NO_PARENT)
-        wrong = linked[self.parent[linked] >= linked]
-        if len(wrong):
-            raise ValueError(
-                f"row {int(wrong[0])}'s {PARENT_FIELD} {int(self.parent[wrong[0]])} does not "
-                f"precede it: not a row of this trace before it"
-            )
         return self.parent
 
     def response_ends(self) -> np.ndarray:
@@ -162,6 +160,26 @@ def read_trace(files: Sequence[str]) -> Trace:
     lengths = np.concatenate([np.diff(p["offsets"]) for p in parts]) if parts else np.zeros(0)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    file_index, line = _cat(parts, "file_index", np.int32), _cat(parts, "line", np.int64)
+    # A parent_row counts from its own trace's first row: a kvtrace output's (its first
+    # shard's), else its file's.
+    traces: dict[str | int, int] = {}
+    own = [
+        traces.setdefault(pin.token if (pin := published.get(f)) is not None else i, len(traces))
+        for i, f in enumerate(files)
+    ]
+    parent, wrong = _own_rows(
+        _cat(parts, PARENT_FIELD, np.int64),
+        np.asarray(own, np.int64)[file_index],
+        np.isin(file_index, _out_of_place(files, published)),
+    )
+    parent_error = (
+        None
+        if wrong is None
+        else f"row {wrong}'s {PARENT_FIELD} {int(parent[wrong])} does not precede it in its "
+        f"own trace ({files[file_index[wrong]]} line {line[wrong]}; a kvtrace output's rows "
+        f"count from its first shard's first, read in order, another file's from its first)"
+    )
     return Trace(
         timestamp=_cat(parts, TIMESTAMP_FIELD, np.float64),
         input_length=_cat(parts, INPUT_LENGTH_FIELD, np.int64),
@@ -177,13 +195,58 @@ def read_trace(files: Sequence[str]) -> Trace:
         if has_sessions
         else None,
         response_ms=_cat(parts, RESPONSE_FIELD, np.int64),
-        parent=_cat(parts, PARENT_FIELD, np.int64),
-        line=_cat(parts, "line", np.int64),
-        file_index=_cat(parts, "file_index", np.int32),
+        parent=parent,
+        parent_error=parent_error,
+        line=line,
+        file_index=file_index,
         files=list(files),
         malformed=malformed[:MAX_REPORTED_LINES],
         malformed_count=len(malformed),
     )
+
+
+def _out_of_place(files: Sequence[str], published: dict[str, PublishedFolder]) -> list[int]:
+    """The files (indices) that are shards of a kvtrace output read after a gap in its shards or
+    out of their order: their rows' numbers in their output are not known from what is read."""
+    read: dict[str, list[int]] = {}
+    for index, path in enumerate(files):
+        if (pin := published.get(path)) is not None:
+            read.setdefault(pin.token, []).append(index)
+    out: list[int] = []
+    for indices in read.values():
+        shards = sorted(s.rsplit(".", 1)[0] for s in published[files[indices[0]]].shards)
+        for k, index in enumerate(indices):
+            if k >= len(shards) or posixpath.basename(files[index]).rsplit(".", 1)[0] != shards[k]:
+                out += indices[k:]  # each shard after it is out of place too
+                break
+    return out
+
+
+def _own_rows(
+    parent: np.ndarray, trace: np.ndarray, unplaced: np.ndarray
+) -> tuple[np.ndarray, int | None]:
+    """(each row's parent, given as a row of the row's own trace (trace[r]: which), as a row of
+    this read, NO_PARENT where none; the first row whose parent is not an earlier row of its
+    own trace, or whose own place in it is not known (unplaced), or None): so a parent never
+    names a row of another trace read with it. The row refused keeps its parent as given."""
+    linked = np.flatnonzero(parent != NO_PARENT)
+    if not len(linked):
+        return parent, None
+    lost = linked[unplaced[linked]]
+    order = np.argsort(trace, kind="stable")  # each trace's rows together, in read order
+    ranked = trace[order]
+    cut = np.flatnonzero(np.concatenate(([True], ranked[1:] != ranked[:-1])))
+    first = np.empty(len(trace), dtype=np.int64)  # where the row's trace starts in order
+    first[order] = np.repeat(cut, np.diff(np.append(cut, len(trace))))
+    place = np.empty(len(trace), dtype=np.int64)
+    place[order] = np.arange(len(trace))
+    given = parent[linked]
+    wrong = np.union1d(linked[given >= place[linked] - first[linked]], lost)
+    if len(wrong):
+        return parent, int(wrong[0])
+    mapped = parent.copy()
+    mapped[linked] = order[first[linked] + given]
+    return mapped, None
 
 
 def _id_dtype(parts: list[dict]) -> type:

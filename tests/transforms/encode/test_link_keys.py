@@ -27,6 +27,13 @@ def test_call_ids_join_within_a_session_response_ids_across():
     assert NO_LINK not in {link_key(s, call, SEED) for s in map(str, range(200))}
 
 
+def test_no_session_and_link_run_into_one_another():
+    """Ids may hold NUL: a session and the link it scopes are encoded each length first, so no
+    session's call meets another's, nor a response id a call of a session named like it."""
+    assert link_key("a\0call:x", "call:y", SEED) != link_key("a", "call:x\0call:y", SEED)
+    assert link_key("\0response:r", "call:c", SEED) != link_key(None, "response:r\0call:c", SEED)
+
+
 def test_a_sessionless_requests_call_links_are_keyed_to_nothing():
     """A request in no session links only by response id: its calls name nothing and a tool
     result it holds continues nothing."""

@@ -52,6 +52,16 @@ def test_a_new_night_must_begin_after_the_last_published_time():
     id_map.check_night_follows("m", first, _night(first, 2_001, "b" * 64))
 
 
+def test_a_night_beginning_where_a_recorded_one_did_is_told_as_another_run_of_it():
+    """Same start, other rows (say --emit-parents given the other way): not a cut to move."""
+    empty = id_map.empty_version(IDENTITY)
+    first = _extended(empty, _night(empty, 0, "a" * 64), id_map.NightTimes({3: 2}, 2_000))
+    with pytest.raises(JobStopped, match="as the night .* recorded in version 1 did.*parent_row"):
+        id_map.check_night_follows("m", first, _night(first, 0, "b" * 64))
+    with pytest.raises(JobStopped, match="Cut nights on published times"):
+        id_map.check_night_follows("m", first, _night(first, 1_000, "b" * 64))
+
+
 @pytest.mark.parametrize(
     "days", [{"-1": 1}, {"01": 1}, {"3": 0}, {"3": True}, {"3": 1.0}, {"x": 1}, {"99999999": 1}]
 )

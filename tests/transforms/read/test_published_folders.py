@@ -575,3 +575,41 @@ def test_a_glob_of_a_whole_output_reads_the_folder(tmp_path):
     (folder / "notes.txt").write_text("mine")  # not kvtrace's: the glob names a trace file
     with pytest.raises(NotWholeOutput, match="notes.txt differs from its manifest"):
         trace_files([str(folder / "*")])
+
+
+LINKED = [dict(row, parent_row=0) if i in (1, 3) else row for i, row in enumerate(ROWS)]
+
+
+def test_each_outputs_parents_name_its_own_rows_however_many_are_read_together(tmp_path):
+    """parent_row counts from its output's first row (its first shard's): read after another
+    output, or after a file of its own, it is offset to where that output's rows are read."""
+    first = published(tmp_path / "n1", [LINKED[:2], LINKED[2:]])
+    second = published(tmp_path / "n2", [LINKED[:3], LINKED[3:]])
+    loose = tmp_path / "loose.jsonl"
+    loose.write_bytes(_jsonl(LINKED))
+    parents = read_trace(trace_files([str(first), str(loose), str(second)])).parents()
+    assert parents.tolist() == [-1, 0, -1, 0, -1] + [-1, 5, -1, 5, -1] + [-1, 10, -1, 10, -1]
+
+
+def test_a_parent_that_names_no_earlier_row_of_its_own_trace_is_refused_in_one_line(tmp_path):
+    """Not a row of the file read before it: a parent past its own trace's rows so far."""
+    before, after = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    before.write_bytes(_jsonl(ROWS))
+    after.write_bytes(_jsonl([ROWS[0], dict(ROWS[1], parent_row=3)]))
+    trace = read_trace([str(before), str(after)])
+    assert len(trace) == 7  # read whole: only its parents are refused
+    with pytest.raises(ValueError, match=r"^row 6's parent_row 3 does not precede it in its own"):
+        trace.parents()
+
+
+def test_a_shard_whose_place_in_its_output_is_not_read_has_its_parents_refused(tmp_path):
+    """A later shard read without the ones before it (or before them): where its rows stand
+    in their output, from which its parent_row counts, is not known."""
+    folder = published(tmp_path / "out", [LINKED[:2], LINKED[2:]])
+    later = str(folder / "trace-00001-of-00002.jsonl")
+    with pytest.raises(ValueError, match=r"^row 1's parent_row 0 does not precede it in its own"):
+        read_trace(trace_files([later])).parents()
+    earlier = str(folder / "trace-00000-of-00002.jsonl")
+    with pytest.raises(ValueError, match="^row 1's parent_row 0"):
+        read_trace(trace_files([later, earlier])).parents()
+    assert read_trace(trace_files([earlier])).parents().tolist() == [-1, 0]
