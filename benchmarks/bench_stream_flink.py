@@ -157,9 +157,9 @@ def stream_run(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    first, launcher = None, 0.0
+    first = None
     try:
-        while time.perf_counter() < started + DRAIN_S:
+        while True:
             counts = run_counts(out)
             if counts and first is None:
                 first = (time.perf_counter(), counts["read"])
@@ -167,6 +167,8 @@ def stream_run(
                 break
             if stream.poll() is not None:
                 raise SystemExit(f"the stream exited ({stream.returncode}) before draining")
+            if time.perf_counter() > started + DRAIN_S:
+                raise SystemExit(f"the stream did not drain in {DRAIN_S} s")
             time.sleep(0.05)
         done = time.perf_counter()
         launcher = tree_cpu(stream.pid)
