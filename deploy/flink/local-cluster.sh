@@ -125,11 +125,14 @@ taskmanager:
   # Beam's data plane to the SDK workers is gRPC on direct buffers, task off-heap memory (0 by
   # default): a job of 155 MB failed with "OutOfMemoryError: Direct buffer memory" without it.
   # Managed memory (Flink's sorts) fixed rather than 40% of the rest, so the heap keeps ~700m.
+  # Each job loads Beam's classes anew: with the default 256m of metaspace the TaskManager
+  # died of "OutOfMemoryError: Metaspace" at the fifth stream job of one cluster.
   memory:
-    process: {size: 3072m}
+    process: {size: 3712m}
     network: {min: 512m, max: 512m}
     task: {off-heap: {size: 512m}}
     managed: {size: 512m}
+    jvm-metaspace: {size: 768m}
   network: {sort-shuffle: {min-buffers: 64}}
 rest: {address: 127.0.0.1, bind-address: 127.0.0.1, port: $rest_port}
 blob: {server: {port: "6124"}}

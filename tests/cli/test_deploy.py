@@ -230,6 +230,8 @@ def test_taskmanagers_give_beams_data_plane_direct_memory():
     shipped = manifests["FlinkDeployment"]["spec"]["flinkConfiguration"]
     for configuration in (local, shipped):
         assert mebibytes(configuration["taskmanager.memory.task.off-heap.size"]) >= 512
+        # each job loads Beam's classes anew: 256m (the default) ran out at the fifth job
+        assert mebibytes(configuration["taskmanager.memory.jvm-metaspace.size"]) >= 512
 
 
 def flink_versions() -> dict[str, str]:
