@@ -31,7 +31,7 @@ from kvtrace.transforms.read.arrow_sizes import (
     largest_value_bytes,
     least_json_bytes,
 )
-from kvtrace.transforms.read.bloom_filter import bitset, plain_values
+from kvtrace.transforms.read.bloom_filter import bitset, plain_hashes
 from kvtrace.transforms.read.decompress import DecodedStream, form_name
 from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH
 from kvtrace.transforms.read.numbers import Reader, json_reader
@@ -717,11 +717,8 @@ def _chunk_extras(
     pages' statistics are held so too. A region outside the body is yielded unread
     (_stray_bytes refuses it)."""
     data = [page for page in values.pages if page.version]
-    for page in data:
-        if not all(values.holds(page, bound) for bound in page.bounds):
-            raise ValueError(
-                f"a page header at byte {page.at} of statistics its page's values do not hold"
-            )
+    bounds = [list(page.bounds) for page in data]  # and the column index's, each page's
+    extras = []
     for offset_field, length_field in _INDEX_FIELDS:
         offset, length = chunk.get(offset_field), chunk.get(length_field)
         if offset is None and length is None:
@@ -737,13 +734,13 @@ def _chunk_extras(
             if offset_field == _INDEX_FIELDS[0][0]:
                 _check_offset_index(offset, index, data)
             else:
-                _check_column_index(offset, index, values)
-        yield offset, offset + length
+                for page_bounds, found in zip(bounds, _check_column_index(offset, index, data)):
+                    page_bounds.extend(found)
+        extras.append((offset, offset + length))
     column = chunk.get(3) if isinstance(chunk.get(3), dict) else {}
     offset, length = column.get(_BLOOM_FIELDS[0]), column.get(_BLOOM_FIELDS[1])
-    if not isinstance(offset, int):
-        return
-    if len(PARQUET_MAGIC) <= offset < body_end:
+    size = None
+    if isinstance(offset, int) and len(PARQUET_MAGIC) <= offset < body_end:
         try:
             header, header_bytes = _page_header(raw, offset, BLOOM_FILTER_HEADER)
         except ValueError:
@@ -759,14 +756,18 @@ def _chunk_extras(
                 f"a bloom filter at byte {offset} of {header_bytes + size} bytes, its footer "
                 f"entry claims {length}"
             )
-        raw.seek(offset + header_bytes)
-        if not values.oversized and raw.read(size) != bitset(values.plain(), size):
+        length = header_bytes + size
+    hashes = values.walk(bounds, size is not None)
+    if size is not None and not values.oversized:
+        raw.seek(offset + length - size)
+        if raw.read(size) != bitset(hashes, size):
             raise ValueError(
                 f"a bloom filter at byte {offset} whose bitset is not the one its chunk's "
                 "values set"
             )
-        length = header_bytes + size
-    yield offset, offset + (length if isinstance(length, int) else 1)  # past the body: refused
+    yield from extras
+    if isinstance(offset, int):  # past the body: refused
+        yield offset, offset + (length if isinstance(length, int) else 1)
 
 
 class _ChunkValues:
@@ -787,10 +788,15 @@ class _ChunkValues:
         self.pages, self.max_page_bytes = pages, max_page_bytes
         self.oversized = any(max(page.size, page.stored) > max_page_bytes for page in pages)
         self._data: dict[int, bytes] = {}
+        self._width = fixed_value_bytes(column.physical_type, descriptor.length)
+        self._dictionary = {page.start for page in pages if not page.version}
 
     def data(self, page: Page) -> bytes:
-        """The page's data, its codec undone (v2: its levels stored plain before it)."""
+        """The page's data, its codec undone (v2: its levels stored plain before it). The
+        dictionary's and the last data page's are kept: a chunk is never held whole."""
         if page.start not in self._data:
+            if page.version:
+                self._data = {k: v for k, v in self._data.items() if k in self._dictionary}
             self._raw.seek(page.start)
             stored = self._raw.read(page.stored)
             codec = self._column.compression if page.compressed else "UNCOMPRESSED"
@@ -807,31 +813,41 @@ class _ChunkValues:
         last byte one more: parquet-mr's column index). Bytes of the page, not one whole
         value: as cheap as a search, and a value held so repeats bytes a decoder consumed,
         whatever it is. DELTA_BYTE_ARRAY values, stored as suffixes, hold no such bytes."""
-        width = fixed_value_bytes(self._column.physical_type, self._descriptor.length)
-        if width is not None:  # one value's bytes at most (a boolean's: one)
-            return len(value) <= max(width, 1)
+        if self._width is not None:  # one value's bytes at most (a boolean's: one)
+            return len(value) <= max(self._width, 1)
         if self.oversized or not value:
             return len(value) <= page.size
         raised = value[:-1] + bytes([value[-1] - 1]) if value[-1] else value
         found = [page, *(other for other in self.pages if not other.version)]
         return any(value in self.data(p) or raised in self.data(p) for p in found)
 
-    def plain(self) -> Iterator[bytes]:
-        """The chunk's values, PLAIN-encoded, each once at least (a dictionary's entries for
-        the pages that index it); ValueError for a page stored otherwise (no common writer
-        writes a bloom filter over one: docs/BOUNDS.md)."""
-        kind = self._column.physical_type
-        if kind == "BOOLEAN":
+    def walk(self, bounds: list[list[bytes]], hashing: bool) -> list[np.ndarray]:
+        """One pass over the chunk's pages, each decompressed once: each data page's statistics
+        (`bounds`, in page order) held (holds; ValueError if not), and when `hashing`, the
+        xxhash64 of the chunk's values, PLAIN-encoded, each once at least (a dictionary's
+        entries for the pages that index it), for its bloom filter; ValueError for a page
+        stored otherwise (no common writer writes a bloom filter over one: docs/BOUNDS.md).
+        A chunk over the bound (oversized) is hashed to nothing."""
+        if hashing and self._column.physical_type == "BOOLEAN":
             raise ValueError("a bloom filter over booleans, which the format does not define")
-        width = fixed_value_bytes(kind, self._descriptor.length)
+        hashing = hashing and not self.oversized
+        hashes, held = [], iter(bounds)
         for page in self.pages:
+            if page.version and not all(self.holds(page, bound) for bound in next(held)):
+                raise ValueError(
+                    f"a page at byte {page.at} whose statistics (its header's or the column "
+                    "index's) are bytes its values do not hold"
+                )
+            if not hashing:
+                continue
             if not page.version:
-                yield from plain_values(self.data(page), 0, page.values, width)
+                hashes.append(plain_hashes(self.data(page), 0, page.values, self._width))
             elif page.encoding == PLAIN:
                 at, count, _ = _page_levels(self.data(page), self._descriptor, page)
-                yield from plain_values(self.data(page), at, count, width)
+                hashes.append(plain_hashes(self.data(page), at, count, self._width))
             elif page.encoding not in DICTIONARY_ENCODINGS:
                 raise ValueError(f"a bloom filter over a page in encoding {page.encoding}")
+        return hashes
 
 
 def _ints(value: Any, count: int | None = None) -> bool:
@@ -864,10 +880,12 @@ def _check_offset_index(offset: int, index: dict[int, Any], pages: list[Page]) -
         raise ValueError(f"the offset index at byte {offset} does not locate its chunk's pages")
 
 
-def _check_column_index(offset: int, index: dict[int, Any], values: _ChunkValues) -> None:
-    """A ColumnIndex holds a page's entry for each data page, each min and max value bytes that
-    page's values hold (_ChunkValues.holds), and no field the format does not define."""
-    pages = [page for page in values.pages if page.version]
+def _check_column_index(
+    offset: int, index: dict[int, Any], pages: list[Page]
+) -> list[tuple[bytes, bytes]]:
+    """A ColumnIndex holds a page's entry for each data page, and no field the format does not
+    define (ValueError if not); each page's min and max values, for _chunk_extras to hold to
+    the bytes its values hold (_ChunkValues.holds)."""
     count = len(pages)
     bounds = [index.get(2), index.get(3)]
     if (
@@ -882,11 +900,9 @@ def _check_column_index(offset: int, index: dict[int, Any], values: _ChunkValues
         or not isinstance(index.get(4), int)
         or not all(_ints(index[field]) for field in (5, 6, 7) if field in index)
         or (5 in index and len(index[5]) != count)
-        or not all(
-            values.holds(page, value) for bound in bounds for value, page in zip(bound, pages)
-        )
     ):
         raise ValueError(f"the column index at byte {offset} is not one of its chunk's pages")
+    return list(zip(*bounds))
 
 
 def _check_schema(path: str, schema: pa.Schema) -> None:

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import parquet_footer, thrift_decode, thrift_field
-from kvtrace.transforms.read.bloom_filter import bitset, plain_values
+from kvtrace.transforms.read.bloom_filter import bitset, plain_hashes, plain_values
 
 
 @pytest.mark.parametrize(
@@ -28,11 +28,25 @@ def test_the_rebuilt_filter_is_the_one_arrow_writes(values, kind):
     header, start = thrift_decode(data, offset)
     size = thrift_field(header, 1)[2]
     if kind == pa.string():
-        plain = [value.encode() for value in values]
+        width, plain = None, [len(v).to_bytes(4, "little") + v.encode() for v in values]
     else:
-        plain = [value.to_bytes(8, "little", signed=True) for value in values]
-    assert bitset(plain, size) == data[start : start + size]
-    assert bitset(plain[1:], size) != data[start : start + size]
+        width, plain = 8, [value.to_bytes(8, "little", signed=True) for value in values]
+    hashes = plain_hashes(b"".join(plain), 0, len(plain), width)
+    assert bitset([hashes], size) == data[start : start + size]
+    assert bitset([hashes[1:]], size) != data[start : start + size]
+
+
+def test_values_of_one_width_hash_as_xxhash64_hashes_each():
+    """The vectorized hash of fixed-width values is xxhash64's, at every width it covers and
+    past it."""
+    import xxhash
+
+    data = bytes(range(256)) * 40
+    for width in range(1, 40):
+        expected = [
+            xxhash.xxh64_intdigest(data[3 + i * width : 3 + (i + 1) * width]) for i in range(50)
+        ]
+        assert plain_hashes(data, 3, 50, width).tolist() == expected
 
 
 def test_plain_values_are_split_by_width_or_length_and_held_to_the_data():

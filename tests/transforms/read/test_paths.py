@@ -547,7 +547,7 @@ def test_a_column_index_value_counts_only_as_bytes_its_page_holds(tmp_path):
     index = body[start : start + thrift_field(strings, 7)[2]]
     assert index.count(b"\x01b") == 1  # group 0's strings: a, b, a; its max "b"
     edited = body[:start] + index.replace(b"\x01b", b"\x01z") + body[start + len(index) :]
-    with pytest.raises(ValueError, match="column index at byte .* is not one of its chunk"):
+    with pytest.raises(ValueError, match="statistics .* are bytes its values do not hold"):
         _opens(tmp_path, footer, edited)
 
 
