@@ -74,7 +74,6 @@ def _lost_none(out: Path) -> bool:
     return published == [*(1_000 * i for i in range(6)), CLEAN_CHAT_MS] or "damaged_file" in errors
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 16")
 def test_a_row_group_inside_a_page_headers_unknown_field_loses_none_silently(
     tiny_tokenizer, tmp_path
 ):
@@ -101,7 +100,6 @@ def test_a_row_group_inside_a_page_headers_unknown_field_loses_none_silently(
     assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 16")
 def test_a_row_group_inside_a_bloom_filters_bitset_loses_none_silently(tiny_tokenizer, tmp_path):
     """The same cause in the bloom filter round 15 made parse as the spec's: its header is held
     to the one filter the spec defines and its length to the header's, but its bitset, any

@@ -128,7 +128,6 @@ def test_a_row_group_inside_a_dictionary_entry_no_index_names_loses_none_silentl
     assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 16")
 def test_a_row_group_inside_a_page_headers_statistics_loses_none_silently(tiny_tokenizer, tmp_path):
     """Nothing lost, by the page header: paths._page_header reads a header with
     _CompactReader, which skips every string (and any field the format does not define) up

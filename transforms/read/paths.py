@@ -31,12 +31,14 @@ from kvtrace.transforms.read.arrow_sizes import (
     largest_value_bytes,
     least_json_bytes,
 )
+from kvtrace.transforms.read.bloom_filter import bitset, plain_hashes
 from kvtrace.transforms.read.decompress import DecodedStream, form_name
 from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH
 from kvtrace.transforms.read.numbers import Reader, json_reader
 from kvtrace.transforms.read.parquet_frame import PARQUET_MAGIC, TAIL_BYTES, footer_length
 from kvtrace.transforms.read.parquet_payload import (
     DECODED_ENCODINGS,
+    PLAIN,
     RLE,
     Dictionary,
     Entries,
@@ -653,10 +655,12 @@ def _stray_bytes(
     for index, group in enumerate(footer.fields.get(4) or []):
         row_group = metadata.row_group(index)
         for column, chunk in enumerate(group.get(1) or []):
-            entries = tuple(footer.encoded(e) for e in (chunk, chunk.get(3)) if isinstance(e, dict))
+            entries = tuple(footer.encoded(e) for e in _copied(chunk))
             parts.append((*_chunk_range(row_group.column(column)), entries))
-            pages = chunk_pages(raw, row_group.column(column))  # walked: _check_chunks
-            extras = _chunk_extras(raw, chunk, pages, max_page_bytes, body_end)
+            meta = row_group.column(column)
+            pages = chunk_pages(raw, meta)  # walked: _check_chunks
+            values = _ChunkValues(raw, meta, metadata.schema.column(column), pages, max_page_bytes)
+            extras = _chunk_extras(raw, chunk, values, body_end)
             parts.extend((*extra, ()) for extra in extras)
     parts.sort(key=lambda part: part[:2])
     at, first, size, copies = len(PARQUET_MAGIC), None, 0, ()
@@ -679,14 +683,25 @@ def _stray_bytes(
     return None if first is None else StrayBytes(first, size)
 
 
+def _copied(chunk: dict[int, Any]) -> tuple[dict[int, Any], ...]:
+    """The structs of a column chunk's footer entry (the entry, its metadata) whose copy a
+    writer may leave behind its pages (_stray_gap): none when its metadata carries key-value
+    metadata (field 8), strings no reader needs of a copy (in the footer they are the
+    footer's, within its bound; a copy would double what they carry)."""
+    metadata = chunk.get(3)
+    if not isinstance(metadata, dict) or 8 in metadata:
+        return ()
+    return chunk, metadata
+
+
 def _stray_gap(raw: IO[bytes], start: int, end: int, copies: tuple[bytes, ...]) -> bool:
     """Whether the gap [start, end) between the parts of a file holds other than what writers
     leave there: zeros (parquet-mr pads row groups so), after the copy of the metadata of the
     column chunk before it that some write behind its pages (the spec's first layout: polars,
-    parquet-cpp 1.x): one of `copies`, its footer entry's or its metadata's bytes as the
-    footer encodes them, byte for byte (a copy decoding alike could hide bytes in what the
-    decoder skips: key-value metadata, strings). Reads the gap a chunk at a time up to its
-    first stray byte."""
+    parquet-cpp 1.x): one of `copies` (_copied), its footer entry's or its metadata's bytes
+    as the footer encodes them, byte for byte (a copy decoding alike could hide bytes in what
+    the decoder skips: strings). Reads the gap a chunk at a time up to its first stray
+    byte."""
     for copy in copies:
         raw.seek(start)
         if len(copy) <= end - start and raw.read(len(copy)) == copy:
@@ -709,21 +724,20 @@ _BLOOM_FIELDS = (14, 15)
 
 
 def _chunk_extras(
-    raw: IO[bytes],
-    chunk: dict[int, Any],
-    pages: tuple[Page, ...],
-    max_page_bytes: int,
-    body_end: int,
+    raw: IO[bytes], chunk: dict[int, Any], values: _ChunkValues, body_end: int
 ) -> Iterator[tuple[int, int]]:
     """The bytes [start, end) of what a column chunk's footer entry points to besides its
-    pages (its walked pages): its offset index, column index and bloom filter, as far as it
-    names them, each decoded as what it claims to be and ending where the claim ends
-    (ValueError if not): a byte counts as accounted for only when a decoder consumed it. A
-    region outside the body is yielded unread (_stray_bytes refuses it)."""
-    data = [page for page in pages if page.version]
-    for (offset_field, length_field), check in zip(
-        _INDEX_FIELDS, (_check_offset_index, _check_column_index)
-    ):
+    pages (`values`: its walked pages): its offset index, column index and bloom filter, as
+    far as it names them, each decoded as what it claims to be and ending where the claim
+    ends (ValueError if not): a byte counts as accounted for only when a decoder consumed it,
+    a statistic's bytes only when they are bytes the chunk's values hold (_ChunkValues.holds),
+    a bloom filter's only when they are the filter its values set (bloom_filter.bitset). Its
+    pages' statistics are held so too. A region outside the body is yielded unread
+    (_stray_bytes refuses it)."""
+    data = [page for page in values.pages if page.version]
+    bounds = [list(page.bounds) for page in data]  # and the column index's, each page's
+    extras = []
+    for offset_field, length_field in _INDEX_FIELDS:
         offset, length = chunk.get(offset_field), chunk.get(length_field)
         if offset is None and length is None:
             continue
@@ -731,22 +745,28 @@ def _chunk_extras(
             raise ValueError(f"a page index at {offset} of no length {length}")
         if len(PARQUET_MAGIC) <= offset and offset + length <= body_end:
             # an index is a few varints a page, a column index two values a page at most
-            if length > max_page_bytes + 64 * (len(data) + 1):
+            if length > values.max_page_bytes + 64 * (len(data) + 1):
                 raise ValueError(f"a page index at byte {offset} of {length} bytes, over its bound")
             raw.seek(offset)
-            check(offset, _IndexReader.exact(raw.read(length), offset), data)
-        yield offset, offset + length
+            index = _IndexReader.exact(raw.read(length), offset)
+            if offset_field == _INDEX_FIELDS[0][0]:
+                _check_offset_index(offset, index, data)
+            else:
+                for page_bounds, found in zip(bounds, _check_column_index(offset, index, data)):
+                    page_bounds.extend(found)
+        extras.append((offset, offset + length))
     column = chunk.get(3) if isinstance(chunk.get(3), dict) else {}
     offset, length = column.get(_BLOOM_FIELDS[0]), column.get(_BLOOM_FIELDS[1])
-    if not isinstance(offset, int):
-        return
-    if len(PARQUET_MAGIC) <= offset < body_end:
-        header, header_bytes = _page_header(raw, offset)
+    size = None
+    if isinstance(offset, int) and len(PARQUET_MAGIC) <= offset < body_end:
+        try:
+            header, header_bytes = _page_header(raw, offset, BLOOM_FILTER_HEADER)
+        except ValueError:
+            header, header_bytes = {}, 0
         size = header.get(1)
-        # split-block, xxhash, uncompressed: the one filter the spec defines, each an empty
-        # struct inside its union; its bitset, of whole 32-byte blocks, follows the header
+        # the one filter the spec defines; its bitset, of whole 32-byte blocks, follows
         if header != {1: size, 2: {1: {}}, 3: {1: {}}, 4: {1: {}}} or not (
-            isinstance(size, int) and 0 < size and size % 32 == 0
+            isinstance(size, int) and 0 < size <= values.max_page_bytes and size % 32 == 0
         ):
             raise ValueError(f"a bloom filter at byte {offset} of a header not the spec's")
         if length is not None and length != header_bytes + size:
@@ -755,7 +775,97 @@ def _chunk_extras(
                 f"entry claims {length}"
             )
         length = header_bytes + size
-    yield offset, offset + (length if isinstance(length, int) else 1)  # past the body: refused
+    hashes = values.walk(bounds, size is not None)
+    if size is not None and not values.oversized:
+        raw.seek(offset + length - size)
+        if raw.read(size) != bitset(hashes, size):
+            raise ValueError(
+                f"a bloom filter at byte {offset} whose bitset is not the one its chunk's "
+                "values set"
+            )
+    yield from extras
+    if isinstance(offset, int):  # past the body: refused
+        yield offset, offset + (length if isinstance(length, int) else 1)
+
+
+class _ChunkValues:
+    """A column chunk's walked pages, each decompressed at most once on demand, for what its
+    statistics and bloom filter are held to. A chunk holding a page over max_page_bytes is not
+    decompressed (as _check_chunks does not: read, its group is refused unread), its
+    statistics held to its pages' sizes alone."""
+
+    def __init__(
+        self,
+        raw: IO[bytes],
+        column: pq.ColumnChunkMetaData,
+        descriptor: pq.ColumnSchema,
+        pages: tuple[Page, ...],
+        max_page_bytes: int,
+    ):
+        self._raw, self._column, self._descriptor = raw, column, descriptor
+        self.pages, self.max_page_bytes = pages, max_page_bytes
+        self.oversized = any(max(page.size, page.stored) > max_page_bytes for page in pages)
+        self._data: dict[int, bytes] = {}
+        self._width = fixed_value_bytes(column.physical_type, descriptor.length)
+        self._dictionary = {page.start for page in pages if not page.version}
+
+    def data(self, page: Page) -> bytes:
+        """The page's data, its codec undone (v2: its levels stored plain before it). The
+        dictionary's and the last data page's are kept: a chunk is never held whole."""
+        if page.start not in self._data:
+            if page.version:
+                self._data = {k: v for k, v in self._data.items() if k in self._dictionary}
+            self._raw.seek(page.start)
+            stored = self._raw.read(page.stored)
+            codec = self._column.compression if page.compressed else "UNCOMPRESSED"
+            levels = page.repetition + page.definition if page.version == 2 else 0
+            self._data[page.start] = stored[:levels] + decompressed(
+                stored[levels:], codec, page.size - levels
+            )
+        return self._data[page.start]
+
+    def holds(self, page: Page, value: bytes) -> bool:
+        """Whether a min or max value of a data page's statistics is one fixed-width value's
+        bytes at most, or (BYTE_ARRAY) bytes its values or the chunk's dictionary hold (so it
+        carries nothing they do not), or such bytes truncated as writers truncate a max (its
+        last byte one more: parquet-mr's column index). Bytes of the page, not one whole
+        value: as cheap as a search, and a value held so repeats bytes a decoder consumed,
+        whatever it is. DELTA_BYTE_ARRAY values, stored as suffixes, hold no such bytes."""
+        if self._width is not None:  # one value's bytes at most (a boolean's: one)
+            return len(value) <= max(self._width, 1)
+        if self.oversized or not value:
+            return len(value) <= page.size
+        raised = value[:-1] + bytes([value[-1] - 1]) if value[-1] else value
+        found = [page, *(other for other in self.pages if not other.version)]
+        return any(value in self.data(p) or raised in self.data(p) for p in found)
+
+    def walk(self, bounds: list[list[bytes]], hashing: bool) -> list[np.ndarray]:
+        """One pass over the chunk's pages, each decompressed once: each data page's statistics
+        (`bounds`, in page order) held (holds; ValueError if not), and when `hashing`, the
+        xxhash64 of the chunk's values, PLAIN-encoded, each once at least (a dictionary's
+        entries for the pages that index it), for its bloom filter; ValueError for a page
+        stored otherwise (no common writer writes a bloom filter over one: docs/BOUNDS.md).
+        A chunk over the bound (oversized) is hashed to nothing."""
+        if hashing and self._column.physical_type == "BOOLEAN":
+            raise ValueError("a bloom filter over booleans, which the format does not define")
+        hashing = hashing and not self.oversized
+        hashes, held = [], iter(bounds)
+        for page in self.pages:
+            if page.version and not all(self.holds(page, bound) for bound in next(held)):
+                raise ValueError(
+                    f"a page at byte {page.at} whose statistics (its header's or the column "
+                    "index's) are bytes its values do not hold"
+                )
+            if not hashing:
+                continue
+            if not page.version:
+                hashes.append(plain_hashes(self.data(page), 0, page.values, self._width))
+            elif page.encoding == PLAIN:
+                at, count, _ = _page_levels(self.data(page), self._descriptor, page)
+                hashes.append(plain_hashes(self.data(page), at, count, self._width))
+            elif page.encoding not in DICTIONARY_ENCODINGS:
+                raise ValueError(f"a bloom filter over a page in encoding {page.encoding}")
+        return hashes
 
 
 def _ints(value: Any, count: int | None = None) -> bool:
@@ -788,23 +898,29 @@ def _check_offset_index(offset: int, index: dict[int, Any], pages: list[Page]) -
         raise ValueError(f"the offset index at byte {offset} does not locate its chunk's pages")
 
 
-def _check_column_index(offset: int, index: dict[int, Any], pages: list[Page]) -> None:
-    """A ColumnIndex holds a page's entry for each data page, each min and max value no longer
-    than its page (a value of it), and no field the format does not define."""
+def _check_column_index(
+    offset: int, index: dict[int, Any], pages: list[Page]
+) -> list[tuple[bytes, bytes]]:
+    """A ColumnIndex holds a page's entry for each data page, and no field the format does not
+    define (ValueError if not); each page's min and max values, for _chunk_extras to hold to
+    the bytes its values hold (_ChunkValues.holds)."""
     count = len(pages)
     bounds = [index.get(2), index.get(3)]
     if (
         set(index) - set(range(1, 8))
         or not _ints(index.get(1), count)
-        or not all(_ints(values, count) for values in bounds)
-        or any(
-            size > page.size for values in bounds for size, page in zip(values, pages, strict=True)
+        or not all(
+            isinstance(bound, list)
+            and len(bound) == count
+            and all(isinstance(value, bytes) for value in bound)
+            for bound in bounds
         )
         or not isinstance(index.get(4), int)
         or not all(_ints(index[field]) for field in (5, 6, 7) if field in index)
         or (5 in index and len(index[5]) != count)
     ):
         raise ValueError(f"the column index at byte {offset} is not one of its chunk's pages")
+    return list(zip(*bounds))
 
 
 def _check_schema(path: str, schema: pa.Schema) -> None:
@@ -1123,6 +1239,7 @@ class Page(NamedTuple):
     at: int = 0  # its header's first byte in the file
     definition: int = 0  # v1: its definition levels' encoding; v2: their bytes (stored plain)
     compressed: bool = True  # v2: whether its values are (a v1 page's data always is)
+    bounds: tuple[bytes, ...] = ()  # its header's statistics' min and max values
 
     @property
     def location(self) -> tuple[int, int]:
@@ -1195,7 +1312,13 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
         # page's encoding is its field 2 (v1) or 4 (v2), its repetition levels' encoding field
         # 4 (v1) or their length field 6 (v2).
         field = _PAGE_HEADERS.get(header.get(1), 0)
-        kind = header.get(field) if isinstance(header.get(field), dict) else {}
+        if set(header) & {5, 6, 7, 8} != {field}:  # only the struct its type names
+            raise ValueError(
+                f"damaged page header at byte {offset} of {column.path_in_schema}: a page "
+                "header holding other than the one struct its type names"
+            )
+        kind = header[field]
+        statistics = kind.get({5: 5, 8: 8}.get(field, 0), {})
         values, encoding = kind.get(1), kind.get({5: 2, 8: 4}.get(field, 0))
         repetition = kind.get({5: 4, 8: 6}.get(field, 0), 0)
         definition = kind.get({5: 3, 8: 5}.get(field, 0), 0)
@@ -1217,6 +1340,7 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
             offset,
             definition,
             kind.get(7, True) if field == 8 else True,
+            tuple(statistics[f] for f in STATISTICS_BOUNDS if f in statistics),
         )
         offset += header_bytes + compressed
     if offset != end:
@@ -1397,15 +1521,18 @@ def _hybrid_runs(levels: bytes, width: int, count: int) -> Iterator[_Run]:
             position += length
 
 
-def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:
-    """The fields of the Parquet page header (or another Thrift struct of the body: a bloom
-    filter's header, a chunk metadata's copy) at offset (Thrift compact protocol), and its
-    size: read in growing slices, up to MAX_PAGE_HEADER_BYTES."""
+def _page_header(
+    raw: IO[bytes], offset: int, shape: dict[int, Any] | None = None
+) -> tuple[dict[int, Any], int]:
+    """The fields of the Parquet page header (or of another struct of the body of that `shape`:
+    a bloom filter's header) at offset (Thrift compact protocol), and its size: read in
+    growing slices, up to MAX_PAGE_HEADER_BYTES, by a closed reader (_ClosedReader), so every
+    byte of it is a field the format defines, consumed for what it is."""
     size = 1 << 10
     while True:
         raw.seek(offset)
         data = raw.read(size)
-        reader = _CompactReader(data)
+        reader = _ClosedReader(data, PAGE_HEADER if shape is None else shape)
         try:
             return reader.struct(), reader.position
         except IndexError:  # the header goes on past the slice read
@@ -1415,6 +1542,29 @@ def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:
                     f"{MAX_PAGE_HEADER_BYTES} bytes"
                 ) from None
             size *= 4
+        except ValueError as err:
+            raise ValueError(f"Parquet page header at byte {offset}: {err}") from None
+
+
+# The Thrift structs of a page header, as the format defines them: field id -> its compact
+# types (a bool's value is its type: 1 true, 2 false), or a nested struct's own shape.
+_BOOL, _I32, _I64, _BINARY = (1, 2), (5,), (6,), (8,)
+_STATISTICS = {
+    **{field: _BINARY for field in (1, 2, 5, 6)},  # max, min (deprecated), max_value, min_value
+    **{field: _I64 for field in (3, 4)},  # null_count, distinct_count
+    **{field: _BOOL for field in (7, 8)},  # is_max_value_exact, is_min_value_exact
+}
+STATISTICS_BOUNDS = (1, 2, 5, 6)
+PAGE_HEADER: dict[int, Any] = {
+    **{field: _I32 for field in (1, 2, 3, 4)},  # type, sizes, crc
+    5: {1: _I32, 2: _I32, 3: _I32, 4: _I32, 5: _STATISTICS},  # DataPageHeader
+    6: {},  # IndexPageHeader
+    7: {1: _I32, 2: _I32, 3: _BOOL},  # DictionaryPageHeader
+    8: {**{field: _I32 for field in range(1, 7)}, 7: _BOOL, 8: _STATISTICS},  # DataPageHeaderV2
+}
+# split-block, xxhash, uncompressed: the one filter the spec defines, each an empty struct
+# inside its union
+BLOOM_FILTER_HEADER: dict[int, Any] = {1: _I32, 2: {1: {}}, 3: {1: {}}, 4: {1: {}}}
 
 
 class _CompactReader:
@@ -1500,8 +1650,8 @@ class _CompactReader:
 
 
 class _IndexReader(_CompactReader):
-    """A page index (Thrift's compact protocol) decoded whole, its strings kept as their
-    lengths: a string is where bytes could hide."""
+    """A page index (Thrift's compact protocol) decoded whole, its strings kept as bytes: a
+    string is where bytes could hide (_check_column_index holds them)."""
 
     @classmethod
     def exact(cls, data: bytes, offset: int) -> dict[int, Any]:
@@ -1519,8 +1669,41 @@ class _IndexReader(_CompactReader):
         if kind == 8:
             size = self._varint()
             self._skip(size)
-            return size
+            return self._data[self.position - size : self.position]
         return super()._value(kind, depth)
+
+
+class _ClosedReader(_CompactReader):
+    """A struct of a known shape (Thrift's compact protocol): each field one its shape names,
+    once, of its type; strings kept as bytes. Any other field, type or repeat is a ValueError:
+    a field a reader skips is where bytes could hide."""
+
+    def __init__(self, data: bytes, shape: dict[int, Any]):
+        super().__init__(data)
+        self._shape = shape
+
+    def struct(self, depth: int = 0, shape: dict[int, Any] | None = None) -> dict[int, Any]:
+        shape = self._shape if shape is None else shape
+        fields: dict[int, Any] = {}
+        field_id = 0
+        while (head := self._byte()) != 0:  # 0: the struct's end
+            kind, delta = head & 0x0F, head >> 4
+            field_id = field_id + delta if delta else self._zigzag()
+            expected = shape.get(field_id)
+            types = (12,) if isinstance(expected, dict) else expected or ()
+            if field_id in fields or kind not in types:
+                raise ValueError(f"field {field_id} of Thrift type {kind}, not the format's")
+            if isinstance(expected, dict):
+                fields[field_id] = self.struct(depth + 1, expected)
+            elif kind in (1, 2):
+                fields[field_id] = kind == 1
+            elif kind == 8:
+                size = self._varint()
+                self._skip(size)
+                fields[field_id] = self._data[self.position - size : self.position]
+            else:
+                fields[field_id] = self._zigzag()
+        return fields
 
 
 class _OverWeight(Exception):

@@ -23,6 +23,7 @@ from kvtrace.transforms.read.paths import (
     StrayBytes,
     _FooterWalk,
     _OverWeight,
+    _page_header,
     check_footer,
     chunk_pages,
     expand_inputs,
@@ -447,6 +448,12 @@ def test_the_metadata_copy_a_writer_leaves_behind_a_chunk_is_accounted_for(tmp_p
     path.write_bytes(with_parquet_footer(body + thrift_encode(alike), footer))
     with pytest.raises(ValueError, match="lie in no part"):
         read_parquet_within(str(path), 1 << 20, ["n"])
+    metadata = thrift_field(chunk, 3)[2]  # key-value metadata, in the footer and its copy
+    metadata.append([8, 9, (12, [[[1, 8, b"k"], [2, 8, b"hidden row group" * 8]]])])
+    metadata.sort(key=lambda field: field[0])
+    path.write_bytes(with_parquet_footer(body + thrift_encode(metadata), footer))
+    with pytest.raises(ValueError, match="lie in no part"):
+        read_parquet_within(str(path), 1 << 20, ["n"])
 
 
 def test_a_bloom_filter_is_part_of_the_file_its_size_read_from_its_header_when_not_stated(tmp_path):
@@ -518,6 +525,48 @@ def test_a_page_index_is_accounted_for_only_as_the_index_of_its_chunks_pages(tmp
         thrift_field(numbers, field)[2] = thrift_field(numbers, field - 2)[2]
     with pytest.raises(ValueError, match="column index at byte .* is not one of its chunk"):
         _opens(tmp_path, footer, body)
+
+
+def test_a_bloom_filter_counts_only_as_the_bitset_its_chunks_values_set(tmp_path):
+    """A bitset of the spec's header and size is accounted for only when it is the filter the
+    chunk's values set: one bit off, its bytes hold what no reader consumes."""
+    footer, body, chunks = _indexed(tmp_path, bloom_filter_options={"s": {"ndv": 10}})
+    metadata = thrift_field(chunks[1], 3)[2]
+    end = thrift_field(metadata, 14)[2] + thrift_field(metadata, 15)[2]
+    flipped = body[: end - 1] + bytes([body[end - 1] ^ 1]) + body[end:]
+    with pytest.raises(ValueError, match="bloom filter at byte .* not the one its chunk's values"):
+        _opens(tmp_path, footer, flipped)
+
+
+def test_a_column_index_value_counts_only_as_bytes_its_page_holds(tmp_path):
+    """A column index's min and max are held to bytes its page's values (or the chunk's
+    dictionary) hold: a max the page never held, even of the same length, is refused."""
+    footer, body, chunks = _indexed(tmp_path)
+    strings = chunks[1]
+    start = thrift_field(strings, 6)[2]
+    index = body[start : start + thrift_field(strings, 7)[2]]
+    assert index.count(b"\x01b") == 1  # group 0's strings: a, b, a; its max "b"
+    edited = body[:start] + index.replace(b"\x01b", b"\x01z") + body[start + len(index) :]
+    with pytest.raises(ValueError, match="statistics .* are bytes its values do not hold"):
+        _opens(tmp_path, footer, edited)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [[1, 5, 2], [2, 5, 3], [3, 5, 3], [7, 12, [[1, 5, 1]]], [15, 8, b"hidden"]],  # unknown
+        [[1, 5, 2], [2, 5, 3], [3, 8, b"xyz"], [7, 12, [[1, 5, 1]]]],  # a size as a string
+        [[1, 5, 2], [2, 5, 3], [3, 5, 3], [7, 12, [[1, 5, 1], [1, 5, 1]]]],  # a field twice
+    ],
+    ids=["unknown-field", "wrong-type", "repeated-field"],
+)
+def test_a_page_header_is_read_as_exactly_the_formats_fields(tmp_path, fields):
+    """Page headers are read by a closed reader: a field the format does not define for its
+    struct, of another type, or repeated, is a ValueError, never skipped."""
+    path = tmp_path / "h"
+    path.write_bytes(thrift_encode(fields) + bytes(8))
+    with open(path, "rb") as raw, pytest.raises(ValueError, match="not the format's"):
+        _page_header(raw, 0)
 
 
 def test_a_bloom_filter_is_its_header_and_bitset_exactly(tmp_path):
