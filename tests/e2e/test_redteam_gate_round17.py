@@ -11,6 +11,7 @@ import pytest
 
 from helpers import (
     CLEAN_CHAT_MS,
+    anonymize,
     chat,
     parquet_footer,
     parquet_night,
@@ -19,6 +20,7 @@ from helpers import (
     thrift_encode,
     thrift_field,
     trace,
+    write_jsonl,
 )
 
 pytestmark = pytest.mark.slow
@@ -115,3 +117,33 @@ def test_a_row_group_inside_a_metadata_copy_behind_a_chunk_loses_none_silently(
     body = data[:start] + thrift_encode(metadata)  # the copy, as the footer encodes it
     assert hidden in body
     assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 17")
+def test_a_page_over_the_ceiling_refuses_its_row_group_not_the_file(tiny_tokenizer, tmp_path):
+    """Nothing lost to a letter that should not be (BOUNDS.md, "Parquet page": a page over 2 x
+    the bound makes its row group one `too_large` letter, unread, and the other groups are
+    read). Round 16 holds a page's statistics to its values, but a chunk over the ceiling is
+    not decompressed (_ChunkValues.holds: each statistic only as long as its page at most),
+    and a dictionary-encoded data page is a few bytes of indices while its statistics are
+    whole values: the pyarrow file of nine chats in three row groups, unedited (statistics on,
+    as pyarrow's default), one chat's prompt 73 KB under --max-record-bytes 8KiB, is one
+    `damaged_file` letter, its eight readable chats rejected with it. Without statistics the
+    same file gives row group 1's `too_large` letter and the other six chats."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [chat(i, 1_000 * i) for i in range(9)]
+    rows[4]["messages"][-1]["content"] = " ".join(f"w{i}" for i in range(12_000))
+    source = tmp_path / "log.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), source, 3)
+    clean = tmp_path / "clean.jsonl"
+    write_jsonl(clean, [chat(6, CLEAN_CHAT_MS)])
+    out = tmp_path / "out"
+    # the group weighs nearly all the bytes: its letter is the subject here, not the guard
+    bound = ("--max-record-bytes", "8KiB", "--max-rejected-fraction", "1")
+    assert anonymize(tiny_tokenizer, [source, clean], out, *bound, "--quiet") == 0
+    letters = Path(f"{out}-rejected").glob("rejected-*.jsonl")
+    assert [record["error"] for path in letters for record in read_jsonl(path)] == ["too_large"]
+    published = sorted(row["timestamp"] for row in trace(out))
+    assert published == [0, 1_000, 2_000, 6_000, 7_000, 8_000, CLEAN_CHAT_MS]
