@@ -95,3 +95,42 @@ def test_a_column_index_max_truncated_at_a_character_publishes_as_its_jsonl(
     assert anonymize(tiny_tokenizer, [log], tmp_path / "jsonl", *flags) == 0
     assert anonymize(tiny_tokenizer, [parquet], tmp_path / "parquet", *flags) == 0
     assert trace(tmp_path / "parquet") == trace(tmp_path / "jsonl")
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 17")
+def test_a_categorical_column_with_a_bloom_filter_publishes_as_its_jsonl(tiny_tokenizer, tmp_path):
+    """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; docs/
+    BOUNDS.md, Parquet body: 'Files of pyarrow (with page indexes, bloom filters, v2 pages)'
+    account for their bodies, and 'pyarrow writes a dictionary array's whole dictionary ... in
+    every row group', an entry named by another chunk of its column holding the same dictionary
+    being no stray byte). A pandas categorical (a dictionary array) written by pyarrow in two
+    row groups, each group naming only some of its categories, with a bloom filter on it: the
+    file opens without the filter, but with it paths' rebuild (bloom_filter.py) sets another
+    bitset than pyarrow's and the whole file is refused ('a bloom filter ... whose bitset is not
+    the one its chunk's values set'): six records publish as JSONL, none as Parquet. Fixed by
+    construction: a filter rebuilt from exactly what its writer hashes, the chunk's whole
+    dictionary when the chunk holds one (entries named anywhere in the column being values of
+    it), not only the entries its own pages index."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [
+        {
+            "timestamp": DAY0 + 1000 * i,
+            "prompt": "hello world this is",
+            "output_length": 1,
+            "model": "model-a" if i < 3 else "model-b",  # a field no reader reads
+        }
+        for i in range(6)
+    ]
+    (tmp_path / "salt").write_text(SALT)
+    flags = ("--block-size", "4", "--salt-file", str(tmp_path / "salt"))
+    log = write_jsonl(tmp_path / "log.jsonl", records)
+    columns = {name: pa.array([r[name] for r in records]) for name in records[0]}
+    columns["model"] = columns["model"].dictionary_encode()  # as pandas' category dtype writes
+    parquet = tmp_path / "log.parquet"
+    options = {"model": {"ndv": 8}}
+    pq.write_table(pa.table(columns), parquet, 3, bloom_filter_options=options)
+    assert anonymize(tiny_tokenizer, [log], tmp_path / "jsonl", *flags) == 0
+    assert anonymize(tiny_tokenizer, [parquet], tmp_path / "parquet", *flags) == 0
+    assert trace(tmp_path / "parquet") == trace(tmp_path / "jsonl")
