@@ -107,10 +107,12 @@ def test_a_categorical_column_with_a_bloom_filter_publishes_as_its_jsonl(tiny_to
     row groups, each group naming only some of its categories, with a bloom filter on it: the
     file opens without the filter, but with it paths' rebuild (bloom_filter.py) sets another
     bitset than pyarrow's and the whole file is refused ('a bloom filter ... whose bitset is not
-    the one its chunk's values set'): six records publish as JSONL, none as Parquet. Fixed by
-    construction: a filter rebuilt from exactly what its writer hashes, the chunk's whole
-    dictionary when the chunk holds one (entries named anywhere in the column being values of
-    it), not only the entries its own pages index."""
+    the one its chunk's values set'): six records publish as JSONL, none as Parquet. pyarrow
+    hashes each group's values (group 0's filter holds model-a alone); _ChunkValues.walk hashes
+    the dictionary page's every entry (plain_hashes over page.values), so a dictionary holding
+    entries its chunk does not index never matches. Fixed by construction: the filter rebuilt
+    from the chunk's values, the dictionary entries its data pages' indices name (what every
+    writer inserts), not the dictionary page whole."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
