@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLEAN_CHAT_MS, ROOT, anonymize, chat, under_rlimit, write_jsonl
+from helpers import CLEAN_CHAT_MS, ROOT, anonymize, chat, trace, under_rlimit, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -46,8 +46,8 @@ def test_page_statistics_searched_in_a_large_dictionary_cost_no_more_than_the_fi
     dictionary bytes, and CPython's search of an 8-byte needle `xxxxxxxy` in a run of `x`
     costs ~9 ms a MB. A zstd file of 400 rows (an unread column `zz`: one 30 MB value of `x`
     then `xxxxxxxy` 399 times, one row a page, as pyarrow writes with data_page_size=1,
-    write_batch_size=1; ~300 KB) costs minutes of CPU per open (11 CPU-s an open with 300
-    pages of an 8 MB entry, 23 s for a whole anonymize); the page walk promises a file's
+    write_batch_size=1; 170 KB) costs over 60 CPU-s an open (11 CPU-s with 300 pages of an
+    8 MB entry, 23 CPU-s for a whole anonymize of it); the page walk promises a file's
     walks cost at most its bytes. A statistic must be found once per chunk (each distinct
     bound searched once, or found by the entries' offsets), not once per page."""
     import pyarrow as pa
@@ -91,3 +91,70 @@ def test_a_parquet_row_wrapping_a_log_weighs_its_bytes(tiny_tokenizer, tmp_path)
     out = tmp_path / "out"
     code = anonymize(tiny_tokenizer, [source], out, "--quiet")
     assert code != 0 and not (out / "manifest.json").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 17")
+def test_dictionaries_with_entries_no_row_names_hold_no_memory_per_row_group(tmp_path):
+    """Bounded memory. paths._check_chunks adds each chunk's dictionary to
+    parquet_payload.Entries, which keeps every Dictionary with an entry not yet named
+    (`_partial`: its entries' sizes, int64, and a named flag each, ~9 bytes an entry) until
+    the whole file is walked, one per chunk even when the dictionary is the identical one a
+    chunk before held. A trace Parquet of 30 row groups of one row, each carrying the same
+    dictionary of 1,000,000 short strings in an unread column (`zz`, a pyarrow
+    DictionaryArray, only entry 0 indexed; 19 MB, zstd): `kvtrace analyze` refuses it in one
+    line ("dictionary entries no row names"), but only after holding ~8.7 MB per group:
+    165 MB at 2 groups, 252 MB at 12, 417 MB at 30, and on with the file (docs/BOUNDS.md: a
+    Parquet read stays within ~9 x the 16 MiB trace bound). Entries must keep one record per
+    distinct dictionary (the union of its named entries, a bit each), not one per chunk."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from helpers import peak_rss_mb
+
+    dictionary = pa.array([f"{i:x}" for i in range(1_000_000)])
+    schema = pa.schema(
+        [
+            ("timestamp", pa.int64()),
+            ("input_length", pa.int64()),
+            ("output_length", pa.int64()),
+            ("hash_ids", pa.list_(pa.int64())),
+            ("zz", pa.dictionary(pa.int32(), pa.string())),
+        ]
+    )
+    source = tmp_path / "trace.parquet"
+    with pq.ParquetWriter(
+        source, schema, compression="zstd", dictionary_pagesize_limit=64 << 20
+    ) as w:
+        for group in range(30):
+            zz = pa.DictionaryArray.from_arrays(pa.array([0], pa.int32()), dictionary)
+            row = {"timestamp": [group], "input_length": [10], "output_length": [1]}
+            w.write_table(pa.table({**row, "hash_ids": [[group]], "zz": zz}, schema=schema))
+    code, peak, _ = peak_rss_mb([sys.executable, "-m", "kvtrace.cli", "analyze", str(source)])
+    assert code == 1 and peak < 250, peak
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 17")
+def test_a_pandas_categorical_with_an_unused_category_is_not_damage(tiny_tokenizer, tmp_path):
+    """No false refusal. Round 16 counts dictionary entries no index names as stray bytes
+    (parquet_payload.Entries -> paths._check_chunks: a `damaged_file` letter for a log, the
+    file refused for a trace). pandas keeps a categorical's categories when rows are filtered
+    (`df[df.model == "a"]` still lists "b"), and pyarrow writes the whole category list as the
+    chunk's dictionary: an ordinary export of 4 chats with a categorical `model` column of
+    one unused category is "5 read = 4 exported + 1 rejected", a `damaged_file` letter
+    ("13 bytes ... lie in dictionary entries no row names") for bytes that are the file's own
+    schema, and with --max-rejected-fraction 0 the night is refused. An entry no row names is
+    not a hidden row group when it is as small as a value its column holds; what a writer's
+    dictionary declares is the file's own data, to be weighed only past what one value may
+    be (or read as a value)."""
+    import pandas as pd
+
+    rows = [chat(i, 1_000 * i) for i in range(4)]
+    frame = pd.DataFrame(
+        {key: [row[key] for row in rows] for key in ("timestamp", "messages", "output_length")}
+    )
+    frame["model"] = pd.Categorical(["a", "a", "b", "b"], categories=["a", "b", "c"])
+    source = tmp_path / "log.parquet"
+    frame.to_parquet(source)
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [source], out, "--max-rejected-fraction", "0", "--quiet") == 0
+    assert len(trace(out)) == 4
