@@ -415,6 +415,6 @@ def test_page_headers_cost_their_bytes_once_not_once_per_row_group(tiny_tokenize
         pytest.fail("anonymize still reading a 0.97 MB Parquet file after 60 s")
     assert done.returncode == 0, done.stderr[-2000:]
     letters = [r for f in (tmp_path / "out-rejected").glob("*.jsonl") for r in read_jsonl(f)]
-    assert [(r["error"], "named twice" in r["message"]) for r in letters] == [
-        ("damaged_file", True)
-    ]
+    # Refused at once: since round 16 by the closed page-header reader (a header's list is no
+    # field of the format's), before the chunk named twice is seen.
+    assert [r["error"] for r in letters] == ["damaged_file"]
