@@ -8,6 +8,7 @@ otherwise need.
 
 from __future__ import annotations
 
+import functools
 import glob
 import io
 import logging
@@ -15,7 +16,7 @@ import os
 import sys
 import weakref
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
@@ -650,21 +651,21 @@ def _stray_bytes(
     Parts that overlap (a chunk named twice, whose rows would be read twice and its own left
     unread) or lie outside the body are a layout no writer makes: ValueError. Costs a sort of
     the footer's parts and a read of the gaps, each up to its first stray byte."""
-    # a chunk's with the bytes of its footer entry and of its metadata (_stray_gap)
-    parts: list[tuple[int, int, tuple[bytes, ...]]] = []
+    # a chunk's with the copies of its footer entry a writer may leave behind it (_stray_gap)
+    parts: list[tuple[int, int, Callable[[], tuple[bytes, ...]]]] = []
     for index, group in enumerate(footer.fields.get(4) or []):
         row_group = metadata.row_group(index)
         for column, chunk in enumerate(group.get(1) or []):
-            entries = tuple(footer.encoded(e) for e in _copied(chunk))
-            parts.append((*_chunk_range(row_group.column(column)), entries))
             meta = row_group.column(column)
             pages = chunk_pages(raw, meta)  # walked: _check_chunks
             values = _ChunkValues(raw, meta, metadata.schema.column(column), pages, max_page_bytes)
             extras = _chunk_extras(raw, chunk, values, body_end)
-            parts.extend((*extra, ()) for extra in extras)
+            copies = functools.partial(_copied, footer, chunk, values)
+            parts.append((*_chunk_range(meta), copies))
+            parts.extend((*extra, tuple) for extra in extras)
     parts.sort(key=lambda part: part[:2])
-    at, first, size, copies = len(PARQUET_MAGIC), None, 0, ()
-    for start, end, entries in [*parts, (body_end, body_end, ())]:
+    at, first, size, copies = len(PARQUET_MAGIC), None, 0, tuple
+    for start, end, entries in [*parts, (body_end, body_end, tuple)]:
         if start == end < body_end:  # no bytes
             continue
         if start < len(PARQUET_MAGIC) or end < start or end > body_end:
@@ -683,18 +684,39 @@ def _stray_bytes(
     return None if first is None else StrayBytes(first, size)
 
 
-def _copied(chunk: dict[int, Any]) -> tuple[dict[int, Any], ...]:
-    """The structs of a column chunk's footer entry (the entry, its metadata) whose copy a
-    writer may leave behind its pages (_stray_gap): none when its metadata carries key-value
-    metadata (field 8), strings no reader needs of a copy (in the footer they are the
-    footer's, within its bound; a copy would double what they carry)."""
+def _copied(footer: Footer, chunk: dict[int, Any], values: _ChunkValues) -> tuple[bytes, ...]:
+    """The bytes of the structs of a column chunk's footer entry (the entry, its metadata) whose
+    copy a writer may leave behind its pages (_stray_gap), as the footer encodes them: each
+    read closed (COLUMN_CHUNK, COLUMN_METADATA: no field the format does not define, nor
+    key-value metadata, strings no reader needs of a copy), its path its column's and its
+    statistics' strings bytes the chunk's values hold (_ChunkValues.holds, as a page's), so a
+    copy repeats what a decoder consumed. Costs, when a gap follows the chunk, one more pass
+    over its data pages while a statistic is unheld."""
     metadata = chunk.get(3)
-    if not isinstance(metadata, dict) or 8 in metadata:
+    if not isinstance(metadata, dict):
         return ()
-    return chunk, metadata
+    encoded = footer.encoded(metadata)
+    read = closed_struct(encoded, COLUMN_METADATA)
+    if read is None or read.get(3) != [
+        name.encode() for name in values._descriptor.path.split(".")
+    ]:
+        return ()
+    statistics = read.get(12, {})
+    unheld = {statistics[field] for field in STATISTICS_BOUNDS if field in statistics}
+    for page in values.pages:
+        if not unheld:
+            break
+        if page.version:
+            unheld = {value for value in unheld if not values.holds(page, value)}
+    if unheld:
+        return ()
+    entry = footer.encoded(chunk)
+    return (entry, encoded) if closed_struct(entry, COLUMN_CHUNK) is not None else (encoded,)
 
 
-def _stray_gap(raw: IO[bytes], start: int, end: int, copies: tuple[bytes, ...]) -> bool:
+def _stray_gap(
+    raw: IO[bytes], start: int, end: int, copies: Callable[[], tuple[bytes, ...]]
+) -> bool:
     """Whether the gap [start, end) between the parts of a file holds other than what writers
     leave there: zeros (parquet-mr pads row groups so), after the copy of the metadata of the
     column chunk before it that some write behind its pages (the spec's first layout: polars,
@@ -702,7 +724,7 @@ def _stray_gap(raw: IO[bytes], start: int, end: int, copies: tuple[bytes, ...]) 
     as the footer encodes them, byte for byte (a copy decoding alike could hide bytes in what
     the decoder skips: strings). Reads the gap a chunk at a time up to its first stray
     byte."""
-    for copy in copies:
+    for copy in copies() if start < end else ():
         raw.seek(start)
         if len(copy) <= end - start and raw.read(len(copy)) == copy:
             start += len(copy)
@@ -748,12 +770,21 @@ def _chunk_extras(
             if length > values.max_page_bytes + 64 * (len(data) + 1):
                 raise ValueError(f"a page index at byte {offset} of {length} bytes, over its bound")
             raw.seek(offset)
-            index = _IndexReader.exact(raw.read(length), offset)
-            if offset_field == _INDEX_FIELDS[0][0]:
+            offsets = offset_field == _INDEX_FIELDS[0][0]
+            index = closed_struct(raw.read(length), OFFSET_INDEX if offsets else COLUMN_INDEX)
+            if index is None:
+                raise ValueError(
+                    f"the {'offset' if offsets else 'column'} index at byte {offset} is not one "
+                    "of its chunk's pages: not of its length, or a field not the format's"
+                )
+            if offsets:
                 _check_offset_index(offset, index, data)
             else:
-                for page_bounds, found in zip(bounds, _check_column_index(offset, index, data)):
-                    page_bounds.extend(found)
+                column = values._descriptor  # its max levels: its histograms' widths
+                levels = column.max_repetition_level, column.max_definition_level
+                found = _check_column_index(offset, index, data, levels)
+                for page_bounds, found_bounds in zip(bounds, found):
+                    page_bounds.extend(found_bounds)
         extras.append((offset, offset + length))
     column = chunk.get(3) if isinstance(chunk.get(3), dict) else {}
     offset, length = column.get(_BLOOM_FIELDS[0]), column.get(_BLOOM_FIELDS[1])
@@ -868,56 +899,48 @@ class _ChunkValues:
         return hashes
 
 
-def _ints(value: Any, count: int | None = None) -> bool:
-    """Whether a value is a list of integers (of `count` of them)."""
-    return (
-        isinstance(value, list)
-        and all(isinstance(item, int) for item in value)
-        and (count is None or len(value) == count)
-    )
-
-
 def _check_offset_index(offset: int, index: dict[int, Any], pages: list[Page]) -> None:
-    """An OffsetIndex locates exactly the chunk's data pages, as walked, and nothing else."""
-    locations = index.get(1)
-    found = (
-        [tuple(location.get(f) for f in (1, 2)) for location in locations]
-        if isinstance(locations, list) and all(isinstance(x, dict) for x in locations)
-        else None
-    )
-    rows = [location.get(3) for location in locations] if found is not None else []
+    """An OffsetIndex (read closed: OFFSET_INDEX) locates exactly the chunk's data pages, as
+    walked, each at a row no earlier than the page before's."""
+    locations = index.get(1) or []
+    rows = [location.get(3) for location in locations]
     if (
-        found != [page.location for page in pages]
-        or any(set(location) - {1, 2, 3} for location in locations)
-        or not _ints(rows)
+        [(location.get(1), location.get(2)) for location in locations]
+        != [page.location for page in pages]
+        or None in rows
         or rows[:1] not in ([], [0])
         or any(b < a for a, b in zip(rows, rows[1:]))
-        or set(index) - {1, 2}
-        or (2 in index and not _ints(index[2], len(pages)))
+        or (2 in index and len(index[2]) != len(pages))
     ):
         raise ValueError(f"the offset index at byte {offset} does not locate its chunk's pages")
 
 
 def _check_column_index(
-    offset: int, index: dict[int, Any], pages: list[Page]
+    offset: int, index: dict[int, Any], pages: list[Page], levels: tuple[int, int]
 ) -> list[tuple[bytes, bytes]]:
-    """A ColumnIndex holds a page's entry for each data page, and no field the format does not
-    define (ValueError if not); each page's min and max values, for _chunk_extras to hold to
-    the bytes its values hold (_ChunkValues.holds)."""
+    """A ColumnIndex (read closed: COLUMN_INDEX) holds an entry for each data page (ValueError
+    if not): its repetition and definition level histograms (fields 6, 7; `levels`: the
+    column's max levels) max level + 1 counts a page, as many as the page's levels. Each
+    page's min and max values, for _chunk_extras to hold to the bytes its values hold
+    (_ChunkValues.holds)."""
     count = len(pages)
     bounds = [index.get(2), index.get(3)]
+    histograms = [(index[field], most + 1) for field, most in zip((6, 7), levels) if field in index]
     if (
-        set(index) - set(range(1, 8))
-        or not _ints(index.get(1), count)
-        or not all(
-            isinstance(bound, list)
-            and len(bound) == count
-            and all(isinstance(value, bytes) for value in bound)
-            for bound in bounds
+        any(
+            not isinstance(index.get(field), list) or len(index[field]) != count
+            for field in (1, 2, 3)
         )
-        or not isinstance(index.get(4), int)
-        or not all(_ints(index[field]) for field in (5, 6, 7) if field in index)
+        or 4 not in index
         or (5 in index and len(index[5]) != count)
+        or any(
+            len(histogram) != width * count
+            or any(
+                sum(histogram[width * at : width * (at + 1)]) != page.values
+                for at, page in enumerate(pages)
+            )
+            for histogram, width in histograms
+        )
     ):
         raise ValueError(f"the column index at byte {offset} is not one of its chunk's pages")
     return list(zip(*bounds))
@@ -1649,30 +1672,6 @@ class _CompactReader:
         return (value >> 1) ^ -(value & 1)
 
 
-class _IndexReader(_CompactReader):
-    """A page index (Thrift's compact protocol) decoded whole, its strings kept as bytes: a
-    string is where bytes could hide (_check_column_index holds them)."""
-
-    @classmethod
-    def exact(cls, data: bytes, offset: int) -> dict[int, Any]:
-        """The struct `data` holds, ending at its end (ValueError if not)."""
-        reader = cls(data)
-        try:
-            fields = reader.struct()
-        except IndexError:
-            fields = None
-        if fields is None or reader.position != len(data):
-            raise ValueError(f"the page index at byte {offset} is not one of its claimed length")
-        return fields
-
-    def _value(self, kind: int, depth: int) -> Any:
-        if kind == 8:
-            size = self._varint()
-            self._skip(size)
-            return self._data[self.position - size : self.position]
-        return super()._value(kind, depth)
-
-
 class _ClosedReader(_CompactReader):
     """A struct of a known shape (Thrift's compact protocol): each field one its shape names,
     once, of its type; strings kept as bytes. Any other field, type or repeat is a ValueError:
@@ -1690,20 +1689,93 @@ class _ClosedReader(_CompactReader):
             kind, delta = head & 0x0F, head >> 4
             field_id = field_id + delta if delta else self._zigzag()
             expected = shape.get(field_id)
-            types = (12,) if isinstance(expected, dict) else expected or ()
-            if field_id in fields or kind not in types:
+            if field_id in fields or kind not in _types(expected):
                 raise ValueError(f"field {field_id} of Thrift type {kind}, not the format's")
-            if isinstance(expected, dict):
-                fields[field_id] = self.struct(depth + 1, expected)
-            elif kind in (1, 2):
-                fields[field_id] = kind == 1
-            elif kind == 8:
-                size = self._varint()
-                self._skip(size)
-                fields[field_id] = self._data[self.position - size : self.position]
-            else:
-                fields[field_id] = self._zigzag()
+            fields[field_id] = self._typed(kind, expected, depth)
         return fields
+
+    def _typed(self, kind: int, expected: Any, depth: int, listed: bool = False) -> Any:
+        """A value of Thrift type `kind` (one `expected` allows) read as the shape says (listed:
+        a list's element, where a bool is a byte of its own: 1 true, 2 false)."""
+        if isinstance(expected, dict):
+            return self.struct(depth + 1, expected)
+        if isinstance(expected, _List):
+            head = self._byte()
+            size = self._varint() if head >> 4 == 15 else head >> 4
+            element = head & 0x0F
+            if element not in _types(expected.element):
+                raise ValueError(f"a list of Thrift type {element}, not the format's")
+            if size > len(self._data) - self.position:  # an item takes a byte at least
+                raise IndexError("past the end")
+            return [self._typed(element, expected.element, depth, True) for _ in range(size)]
+        if kind in (1, 2):
+            if listed:
+                value = self._byte()
+                if value not in (1, 2):
+                    raise ValueError(f"a bool of value {value}, not the format's")
+                return value == 1
+            return kind == 1
+        if kind == 8:
+            size = self._varint()
+            self._skip(size)
+            return self._data[self.position - size : self.position]
+        return self._zigzag()
+
+
+class _List(NamedTuple):
+    """A list field of a _ClosedReader's shape: its elements' shape (types, or a struct's)."""
+
+    element: Any
+
+
+def _types(expected: Any) -> tuple[int, ...]:
+    """The Thrift compact types a field of a _ClosedReader's shape may take."""
+    if isinstance(expected, dict):
+        return (12,)
+    return (9,) if isinstance(expected, _List) else expected or ()
+
+
+# The page indexes and a chunk's metadata, as the format defines them (_ClosedReader).
+_PAGE_LOCATION = {1: _I64, 2: _I32, 3: _I64}  # offset, compressed size, first row
+OFFSET_INDEX: dict[int, Any] = {1: _List(_PAGE_LOCATION), 2: _List(_I64)}
+COLUMN_INDEX: dict[int, Any] = {
+    1: _List(_BOOL),  # null_pages
+    **{field: _List(_BINARY) for field in (2, 3)},  # min_values, max_values
+    4: _I32,  # boundary_order
+    **{field: _List(_I64) for field in (5, 6, 7)},  # null counts, level histograms
+}
+_SIZE_STATISTICS = {1: _I64, 2: _List(_I64), 3: _List(_I64)}
+_GEOSPATIAL_STATISTICS = {1: {field: (7,) for field in range(1, 9)}, 2: _List(_I32)}
+# ColumnMetaData, but for key-value metadata (field 8): strings no reader needs of a copy
+COLUMN_METADATA: dict[int, Any] = {
+    1: _I32,  # type
+    2: _List(_I32),  # encodings
+    3: _List(_BINARY),  # path_in_schema
+    4: _I32,  # codec
+    **{field: _I64 for field in (5, 6, 7, 9, 10, 11, 14)},  # counts, sizes, offsets
+    12: _STATISTICS,
+    13: _List({1: _I32, 2: _I32, 3: _I32}),  # encoding_stats
+    15: _I32,  # bloom_filter_length
+    16: _SIZE_STATISTICS,
+    17: _GEOSPATIAL_STATISTICS,
+}
+# ColumnChunk, but for file_path and encryption (fields 1, 8, 9): a chunk read is in this file
+COLUMN_CHUNK: dict[int, Any] = {
+    2: _I64,  # file_offset
+    3: COLUMN_METADATA,
+    **{field: _I64 for field in (4, 6)},  # offset index's, column index's offset
+    **{field: _I32 for field in (5, 7)},  # their lengths
+}
+
+
+def closed_struct(data: bytes, shape: dict[int, Any]) -> dict[int, Any] | None:
+    """The struct of `shape` that `data` holds whole, ending at its end, or None."""
+    reader = _ClosedReader(data, shape)
+    try:
+        fields = reader.struct()
+    except (IndexError, ValueError):
+        return None
+    return fields if reader.position == len(data) else None
 
 
 class _OverWeight(Exception):

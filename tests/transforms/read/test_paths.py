@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import parquet_footer, thrift_encode, thrift_field, with_parquet_footer
+from helpers import parquet_footer, thrift_decode, thrift_encode, thrift_field, with_parquet_footer
 from kvtrace.transforms.read.paths import (
     FOOTER_STRUCT_BYTES,
     FOOTER_WEIGHT_FLOOR,
@@ -456,6 +456,30 @@ def test_the_metadata_copy_a_writer_leaves_behind_a_chunk_is_accounted_for(tmp_p
         read_parquet_within(str(path), 1 << 20, ["n"])
 
 
+@pytest.mark.parametrize("carrier", ["an unknown field", "its statistics", "its path"])
+def test_a_metadata_copy_holding_strings_no_check_holds_is_stray(tmp_path, carrier):
+    """A copy counts only when read closed, its path its column's and its statistics' strings
+    bytes its pages hold: polars' copies of a string column, statistics and all, count; one
+    carrying a field the format does not define, a max no page holds or another path, not."""
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"s": ["apple", "banana", "cherry"]}), buffer)
+    footer, body = parquet_footer(buffer.getvalue())
+    chunk = thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][0]
+    metadata = thrift_field(chunk, 3)[2]
+    path = tmp_path / "t.parquet"
+    path.write_bytes(with_parquet_footer(body + thrift_encode(metadata), footer))
+    assert read_parquet_within(str(path), 1 << 20, ["s"]).table.num_rows == 3
+    if carrier == "an unknown field":
+        metadata.append([30, 8, b"hidden row group"])
+    elif carrier == "its statistics":
+        thrift_field(thrift_field(metadata, 12)[2], 5)[2] = b"hidden row group"  # max_value
+    else:
+        thrift_field(metadata, 3)[2] = (8, [b"hidden row group"])
+    path.write_bytes(with_parquet_footer(body + thrift_encode(metadata), footer))
+    with pytest.raises(ValueError, match="lie in no part"):
+        read_parquet_within(str(path), 1 << 20, ["s"])
+
+
 def test_a_bloom_filter_is_part_of_the_file_its_size_read_from_its_header_when_not_stated(tmp_path):
     """parquet-mr before the footer stated a bloom filter's length wrote its offset alone:
     its header tells its size. A filter no chunk points to is stray."""
@@ -525,6 +549,35 @@ def test_a_page_index_is_accounted_for_only_as_the_index_of_its_chunks_pages(tmp
         thrift_field(numbers, field)[2] = thrift_field(numbers, field - 2)[2]
     with pytest.raises(ValueError, match="column index at byte .* is not one of its chunk"):
         _opens(tmp_path, footer, body)
+
+
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_a_column_indexs_level_histograms_are_its_pages_levels_in_i64s(tmp_path, version):
+    """pyarrow's histograms of a nested column with nulls, pages of either version, read; one
+    of another element type (its bytes verbatim), length or count is refused."""
+    buffer = io.BytesIO()
+    table = pa.table({"l": [[1, 2], None, [], [3], [None], [4]] * 50})
+    pq.write_table(
+        table,
+        buffer,
+        write_page_index=True,
+        data_page_version=version,
+        data_page_size=64,
+        write_batch_size=16,
+    )
+    footer, body = parquet_footer(buffer.getvalue())
+    _opens(tmp_path, footer, body)
+    chunk = thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][0]
+    index, _ = thrift_decode(body, thrift_field(chunk, 6)[2])
+    levels = thrift_field(index, 7)[2][1]
+    assert len(thrift_field(index, 1)[2][1]) > 1 and len(levels) % 4 == 0  # pages; def 0..3
+    edits = [(3, [1] * len(levels)), (6, [*levels, 0]), (6, [levels[0] + 1, *levels[1:]])]
+    for edit in edits:  # a list<i8>, one count more, a page's levels one more
+        thrift_field(index, 7)[2] = edit
+        encoded = thrift_encode(index)
+        thrift_field(chunk, 6)[2], thrift_field(chunk, 7)[2] = len(body), len(encoded)
+        with pytest.raises(ValueError, match="column index at byte .* is not one of its chunk"):
+            _opens(tmp_path, footer, body + encoded)
 
 
 def test_a_bloom_filter_counts_only_as_the_bitset_its_chunks_values_set(tmp_path):
