@@ -697,9 +697,8 @@ def _copied(footer: Footer, chunk: dict[int, Any], values: _ChunkValues) -> tupl
         return ()
     encoded = footer.encoded(metadata)
     read = closed_struct(encoded, COLUMN_METADATA)
-    if read is None or read.get(3) != [
-        name.encode() for name in values._descriptor.path.split(".")
-    ]:
+    # joined, as a name may hold a dot (the descriptor's path joins names so)
+    if read is None or b".".join(read.get(3, [])) != values._descriptor.path.encode():
         return ()
     statistics = read.get(12, {})
     unheld = {statistics[field] for field in STATISTICS_BOUNDS if field in statistics}

@@ -459,16 +459,17 @@ def test_the_metadata_copy_a_writer_leaves_behind_a_chunk_is_accounted_for(tmp_p
 @pytest.mark.parametrize("carrier", ["an unknown field", "its statistics", "its path"])
 def test_a_metadata_copy_holding_strings_no_check_holds_is_stray(tmp_path, carrier):
     """A copy counts only when read closed, its path its column's and its statistics' strings
-    bytes its pages hold: polars' copies of a string column, statistics and all, count; one
+    bytes its pages hold: polars' copies of a string column (its name holding a dot, as a path
+    joins names), statistics and all, count; one
     carrying a field the format does not define, a max no page holds or another path, not."""
     buffer = io.BytesIO()
-    pq.write_table(pa.table({"s": ["apple", "banana", "cherry"]}), buffer)
+    pq.write_table(pa.table({"s.t": ["apple", "banana", "cherry"]}), buffer)
     footer, body = parquet_footer(buffer.getvalue())
     chunk = thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][0]
     metadata = thrift_field(chunk, 3)[2]
     path = tmp_path / "t.parquet"
     path.write_bytes(with_parquet_footer(body + thrift_encode(metadata), footer))
-    assert read_parquet_within(str(path), 1 << 20, ["s"]).table.num_rows == 3
+    assert read_parquet_within(str(path), 1 << 20, ["s.t"]).table.num_rows == 3
     if carrier == "an unknown field":
         metadata.append([30, 8, b"hidden row group"])
     elif carrier == "its statistics":
@@ -477,7 +478,7 @@ def test_a_metadata_copy_holding_strings_no_check_holds_is_stray(tmp_path, carri
         thrift_field(metadata, 3)[2] = (8, [b"hidden row group"])
     path.write_bytes(with_parquet_footer(body + thrift_encode(metadata), footer))
     with pytest.raises(ValueError, match="lie in no part"):
-        read_parquet_within(str(path), 1 << 20, ["s"])
+        read_parquet_within(str(path), 1 << 20, ["s.t"])
 
 
 def test_a_bloom_filter_is_part_of_the_file_its_size_read_from_its_header_when_not_stated(tmp_path):
