@@ -719,7 +719,7 @@ def _stray_gap(
     """Whether the gap [start, end) between the parts of a file holds other than what writers
     leave there: zeros (parquet-mr pads row groups so), after the copy of the metadata of the
     column chunk before it that some write behind its pages (the spec's first layout: polars,
-    parquet-cpp 1.x): one of `copies` (_copied), its footer entry's or its metadata's bytes
+    parquet-cpp 1.x): one of `copies()` (_copied), its footer entry's or its metadata's bytes
     as the footer encodes them, byte for byte (a copy decoding alike could hide bytes in what
     the decoder skips: strings). Reads the gap a chunk at a time up to its first stray
     byte."""
