@@ -70,7 +70,6 @@ def test_page_statistics_searched_in_a_large_dictionary_cost_no_more_than_the_fi
     assert _night_under_cpu(tiny_tokenizer, tmp_path, source, 10) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 17")
 def test_a_parquet_row_wrapping_a_log_weighs_its_bytes(tiny_tokenizer, tmp_path):
     """Round 16's list response (a record wrapping a log: one letter) now weighs its bytes in
     a JSONL line and at its decoded share in a compressed file, but a Parquet row weighs its
@@ -80,14 +79,17 @@ def test_a_parquet_row_wrapping_a_log_weighs_its_bytes(tiny_tokenizer, tmp_path)
     over 99% of its bytes; "11 read = 10 exported + 1 rejected", exit 0, the night publishes
     10 of 2,010 requests under the default --max-rejected-fraction 0.5. A row's letter must
     weigh its share by the row's own size (its bytes as sized before decoding, over the
-    group's), as a compressed line's does by its decoded bytes."""
+    group's), as a compressed line's does by its decoded bytes. (Round 17's fix: the table is
+    built from a struct array, whose type unites every row's keys; `Table.from_pylist` takes
+    the first row's keys alone, so the file held no wrapped chat at all.)"""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     wrapped = {"object": "list", "data": [chat(i, 1_000 * i + 500) for i in range(2_000)]}
     rows = [chat(i, 1_000 * i) for i in range(10)] + [wrapped]
     source = tmp_path / "log.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), source)
+    pq.write_table(pa.Table.from_struct_array(pa.array(rows)), source)
+    assert len(pq.read_table(source, columns=["data"]).column(0)[10].values) == 2_000
     out = tmp_path / "out"
     code = anonymize(tiny_tokenizer, [source], out, "--quiet")
     assert code != 0 and not (out / "manifest.json").exists()
