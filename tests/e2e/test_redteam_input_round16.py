@@ -115,15 +115,19 @@ def test_a_row_group_inside_a_bit_packed_run_past_its_values_loses_none_silently
     assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
 
 
+@pytest.mark.xfail(strict=True, reason="accepted residual: docs/BOUNDS.md")
 def test_a_row_group_inside_a_dictionary_entry_no_index_names_loses_none_silently(
     tiny_tokenizer, tmp_path
 ):
     """The same hole by the dictionary page: its entries are walked to their end (values_end
     with the page's count), but nothing holds them to what the indices name. Row group 1
     moved into a third entry, one byte array, of row group 0's `zz` dictionary (whose indices
-    name entries 0 and 1 only): exit 0, no letter, three chats gone. Bytes no record reads,
-    whatever structure they are wrapped in, must be a letter (a dictionary's entries each
-    named by an index, or its unnamed bytes counted as stray)."""
+    name entries 0 and 1 only): exit 0, no letter, three chats gone. Round 17 accepts entries
+    no index names (real writers keep unused categories: a pandas categorical, a polars or
+    DuckDB enum; telling them from a hidden row group is not cheap), so this crafted file
+    still loses its group unweighed. Kept as a strict xfail, not turned into an assertion of
+    the bound: the promise it states is still broken here, and the mark says so honestly
+    (an XPASS flags a later fix)."""
     footer, body = _hidden_group(_unindexed_entry)
     assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
 

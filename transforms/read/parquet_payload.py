@@ -7,8 +7,6 @@ decoder consumed it."""
 
 from __future__ import annotations
 
-import hashlib
-import math
 import zlib
 
 import numpy as np
@@ -107,14 +105,11 @@ _SLICE = 1 << 16
 _LAST_RUN_GROUPS = 32
 
 
-def hybrid_end(
-    data: bytes, at: int, width: int, count: int, target: int = -1, named: np.ndarray | None = None
-) -> tuple[int, int]:
+def hybrid_end(data: bytes, at: int, width: int, count: int, target: int = -1) -> tuple[int, int]:
     """Where `count` values of the RLE / bit-packed hybrid, `width` bits each, starting at `at`,
-    end, and how many of them equal `target`; given `named` (one flag a dictionary entry),
-    each value's flag is set. ValueError when the data ends first, a run holds none (a run
-    must move on) or holds bytes no decoder reads: a decoder stops at the last value, so only
-    the last run passes it, by fewer groups than a writer's block of 256 values
+    end, and how many of them equal `target`. ValueError when the data ends first, a run holds
+    none (a run must move on) or holds bytes no decoder reads: a decoder stops at the last
+    value, so only the last run passes it, by fewer groups than a writer's block of 256 values
     (_LAST_RUN_GROUPS), and an RLE run's value fits its width."""
     position = found = 0
     value_bytes = (width + 7) // 8
@@ -130,14 +125,14 @@ def hybrid_end(
             if at + stored > len(data):
                 raise ValueError("a page's values end inside a bit-packed run")
             taken = min(levels, owed)
-            for first in range(0, taken if target >= 0 or named is not None else 0, _SLICE):
+            for first in range(0, taken if target >= 0 else 0, _SLICE):
                 values = min(_SLICE, taken - first)  # whole groups but for the last one's
                 packed.append(
                     data[at + first // 8 * width : at + -(-(first + values) // 8) * width]
                 )
                 pending += values
                 if pending >= _SLICE:
-                    found += _tally(b"".join(packed), width, pending, target, named)
+                    found += _tally(b"".join(packed), width, pending, target)
                     packed, pending = [], 0
         else:  # RLE: one value, `levels` times
             levels, stored = header >> 1, value_bytes
@@ -148,24 +143,19 @@ def hybrid_end(
                 raise ValueError("a page's run holds a value wider than its bit width")
             if value == target:
                 found += min(levels, count - position)
-            if named is not None and value < len(named) and levels:
-                named[value] = True
         if not levels:
             raise ValueError("a page's values hold an empty run")
         position += levels
         at += stored
     if pending:
-        found += _tally(b"".join(packed), width, pending, target, named)
+        found += _tally(b"".join(packed), width, pending, target)
     return at, found
 
 
-def _tally(packed: bytes, width: int, count: int, target: int, named: np.ndarray | None) -> int:
-    """How many of the first `count` values bit-packed in `packed` equal `target`; given
-    `named`, the flag of each value within it set (a value past it names no entry)."""
+def _tally(packed: bytes, width: int, count: int, target: int) -> int:
+    """How many of the first `count` values bit-packed in `packed` equal `target`."""
     values = unpacked(packed, width)[:count] if width else np.zeros(count, dtype=np.int64)
-    if named is not None:
-        named[values[values < len(named)]] = True
-    return int((values == target).sum()) if target >= 0 else 0
+    return int((values == target).sum())
 
 
 def unpacked(packed: bytes, width: int) -> np.ndarray:
@@ -189,21 +179,13 @@ def varint(data: bytes, at: int) -> tuple[int, int]:
     raise ValueError("a page holds a damaged run header")
 
 
-def values_end(
-    data: bytes,
-    at: int,
-    encoding: int,
-    width: int | None,
-    count: int,
-    named: np.ndarray | None = None,
-) -> int:
+def values_end(data: bytes, at: int, encoding: int, width: int | None, count: int) -> int:
     """Where `count` values from `at`, so encoded (one of DECODED_ENCODINGS), end: width is a
-    fixed-width type's bytes (0 for BOOLEAN, bit-packed when PLAIN), None for BYTE_ARRAY;
-    dictionary indices set the flags in `named` of the entries they name (hybrid_end)."""
+    fixed-width type's bytes (0 for BOOLEAN, bit-packed when PLAIN), None for BYTE_ARRAY."""
     if encoding in (PLAIN_DICTIONARY, RLE_DICTIONARY):  # indices: their bit width, then runs
         if at >= len(data) or data[at] > 32:
             raise ValueError("a page's dictionary indices have no valid bit width")
-        return hybrid_end(data, at + 1, data[at], count, named=named)[0] if count else at + 1
+        return hybrid_end(data, at + 1, data[at], count)[0] if count else at + 1
     if encoding == RLE:  # booleans: their length, then runs of 1 bit
         stored = int.from_bytes(data[at : at + 4], "little")
         if hybrid_end(data[: at + 4 + stored], at + 4, 1, count)[0] != at + 4 + stored:
@@ -228,60 +210,3 @@ def byte_array_ends(data: bytes, at: int, count: int) -> list[int]:
         at += 4 + int.from_bytes(data[at : at + 4], "little")
         ends.append(at)
     return ends
-
-
-class Dictionary:
-    """A column chunk's dictionary page: its entries' bytes, and which of them the indices of
-    its data pages name (values_end)."""
-
-    def __init__(self, data: bytes, sizes: np.ndarray, at: int, share: float):
-        self.digest = hashlib.blake2b(data, digest_size=16).digest()  # its copies': alike
-        self.sizes = sizes  # each entry's bytes, decompressed
-        self.named = np.zeros(len(sizes), dtype=bool)
-        self.at = at  # the page's first byte in the file
-        self.share = share  # the page's stored bytes per decompressed byte
-
-    @classmethod
-    def of_page(
-        cls, data: bytes, width: int | None, count: int, at: int, stored: int
-    ) -> Dictionary:
-        """The dictionary of a page's (decompressed) data, PLAIN entries of `width` bytes each
-        (None: byte arrays), stored in `stored` bytes of the file from `at`."""
-        if width is None:
-            sizes = np.diff(np.array(byte_array_ends(data, 0, count), dtype=np.int64), prepend=0)
-        else:
-            sizes = np.full(count, width, dtype=np.int64)
-        return cls(data, sizes, at, stored / max(len(data), 1))
-
-
-class Entries:
-    """The dictionary entries of a file's column chunks that no index names: read by no record,
-    accounted for by no decoder (a row group could hide in one). An entry counts as named
-    when an index names it in any chunk of its column holding the same dictionary (pyarrow
-    writes a dictionary array's whole dictionary in each row group, fastparquet a
-    categorical's): its value is then read. Holds a flag an entry of each distinct dictionary
-    and the dictionaries some entry of which is not named."""
-
-    def __init__(self) -> None:
-        self._named: dict[tuple[int, bytes], np.ndarray | None] = {}  # None: every entry
-        self._partial: list[tuple[tuple[int, bytes], Dictionary]] = []
-
-    def add(self, column: int, dictionary: Dictionary) -> None:
-        """A chunk's dictionary, its pages walked (its entries named as they are)."""
-        key = (column, dictionary.digest)
-        known = self._named.get(key, dictionary.named)
-        if known is None or dictionary.named.all():
-            self._named[key] = None
-        else:
-            self._named[key] = known | dictionary.named
-            self._partial.append((key, dictionary))
-
-    def unnamed(self) -> tuple[int, int] | None:
-        """The first byte of the first dictionary page holding an entry no index names, and
-        the stored bytes, in proportion, of every such entry; None if there is none."""
-        found = [
-            (dictionary.at, math.ceil(int(dictionary.sizes[~named].sum()) * dictionary.share))
-            for key, dictionary in self._partial
-            if (named := self._named[key]) is not None and not named.all()
-        ]
-        return (found[0][0], sum(size for _, size in found)) if found else None

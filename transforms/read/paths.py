@@ -41,8 +41,6 @@ from kvtrace.transforms.read.parquet_payload import (
     DECODED_ENCODINGS,
     PLAIN,
     RLE,
-    Dictionary,
-    Entries,
     decompressed,
     hybrid_end,
     unpacked,
@@ -374,9 +372,9 @@ def parquet_file(
         )
         _check_schema(path, parquet.schema_arrow)
         max_page_bytes = PAGE_BOUND_MULTIPLE * max_footer_bytes
-        unnamed = _check_chunks(path, raw, parquet.metadata, max_page_bytes)
+        _check_chunks(path, raw, parquet.metadata, max_page_bytes)
         outside = _stray_bytes(path, raw, footer, parquet.metadata, body_end, max_page_bytes)
-        found = [part for part in (outside, unnamed) if part is not None]
+        found = [] if outside is None else [outside]
         if found and stray is None:
             raise ValueError(f"{path}: {found[0]}")
         if stray is not None:
@@ -515,7 +513,7 @@ def _leaf_levels(path: str, elements: Any) -> list[tuple[int, int]]:
 
 def _check_chunks(
     path: str, raw: IO[bytes], metadata: pq.FileMetaData, max_page_bytes: int
-) -> StrayBytes | None:
+) -> None:
     """Every column chunk the footer lists, read or not, walked page by page (the walk the
     readers share: chunk_pages, checked_levels): its pages fill exactly the bytes it claims,
     each page's payload decodes to its end (_check_payload), and it holds as many rows as
@@ -526,11 +524,9 @@ def _check_chunks(
     a page grown over it holds bytes past its values. A page over max_page_bytes (the
     readers' ceiling) is not read here, to stay within it: its payload goes unchecked, and a
     repeated chunk holding one goes uncounted (read, its group is refused unread:
-    oversized_pages). Dictionary entries no index names (parquet_payload.Entries) are bytes no
-    record reads, returned (as StrayBytes: their stored share) for the caller to weigh or
-    refuse."""
+    oversized_pages). A dictionary entry no index names is accepted unread: writers keep
+    unused categories (docs/BOUNDS.md)."""
     schema = metadata.schema
-    entries = Entries()
     try:
         for group in range(metadata.num_row_groups):
             row_group = metadata.row_group(group)
@@ -544,11 +540,8 @@ def _check_chunks(
                     if repeats:
                         continue
                 else:
-                    dictionaries: list[Dictionary] = []
                     for page in pages:
-                        _check_payload(raw, column, descriptor, page, dictionaries)
-                    for dictionary in dictionaries:
-                        entries.add(index, dictionary)
+                        _check_payload(raw, column, descriptor, page)
                 rows = checked_levels(raw, column, repeats).rows
                 counted = counted or (rows, column.path_in_schema)
                 if rows != counted[0]:
@@ -558,16 +551,10 @@ def _check_chunks(
                     )
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
-    unnamed = entries.unnamed()
-    return None if unnamed is None else StrayBytes(*unnamed, "in dictionary entries no row names")
 
 
 def _check_payload(
-    raw: IO[bytes],
-    column: pq.ColumnChunkMetaData,
-    descriptor: pq.ColumnSchema,
-    page: Page,
-    dictionaries: list[Dictionary],
+    raw: IO[bytes], column: pq.ColumnChunkMetaData, descriptor: pq.ColumnSchema, page: Page
 ) -> None:
     """A page's payload decodes to its end (ValueError if not), as Arrow decodes it: its codec
     consumes exactly its stored bytes to exactly its header's size (decompressed), its levels
@@ -575,9 +562,7 @@ def _check_payload(
     (parquet_payload.values_end) end at its end, or before zeros alone. Arrow stops once it
     has the values the header counts, so bytes past them would be accounted for unread. A
     page in an encoding not decoded here (DELTA_*) is held to its codec alone; uncompressed,
-    to nothing: refused (no common writer makes one by default: docs/BOUNDS.md). A dictionary
-    page's entries are appended to `dictionaries`, each flagged as a later page's indices name
-    it."""
+    to nothing: refused (no common writer makes one by default: docs/BOUNDS.md)."""
     name = column.path_in_schema
     raw.seek(page.start)
     stored = raw.read(page.stored)
@@ -600,10 +585,7 @@ def _check_payload(
         return
     kind = column.physical_type  # PLAIN booleans take a bit each: width 0
     width = 0 if kind == "BOOLEAN" else fixed_value_bytes(kind, descriptor.length)
-    if not page.version:
-        dictionaries.append(Dictionary.of_page(data, width, count, page.start, page.stored))
-    named = dictionaries[-1].named if dictionaries else None
-    end = values_end(data, at, encoding, width, count, named)
+    end = values_end(data, at, encoding, width, count)
     # fastparquet ends its pages with 8 zeros: zeros hold nothing, as between parts
     if end > len(data) or data.count(0, end) != len(data) - end:
         raise ValueError(f"a page of {name} holds other than its values' bytes")

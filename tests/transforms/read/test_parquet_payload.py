@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from helpers import parquet_footer, thrift_decode, thrift_encode, thrift_field, with_parquet_footer
-from kvtrace.transforms.read.parquet_payload import (
-    Dictionary,
-    Entries,
-    decompressed,
-    hybrid_end,
-    values_end,
-)
+from kvtrace.transforms.read.parquet_payload import decompressed, hybrid_end, values_end
 from kvtrace.transforms.read.paths import parquet_file
 
 DATA = bytes(range(200)) + b"a" * 3000
@@ -70,21 +63,13 @@ def test_a_bit_packed_run_passes_its_values_by_less_than_a_writers_block():
         hybrid_end(bytes([3 << 1, 2]), 0, 1, 3)  # an RLE run of 2, one bit wide
 
 
-def test_dictionary_indices_name_their_entries_in_every_run():
-    named = np.zeros(6, dtype=bool)
+def test_dictionary_indices_end_after_every_run():
     # width 3: an RLE run of 2 fives, a bit-packed group of 0, 1, 1, 2 and padding (4 values)
     packed = (0 | 1 << 3 | 1 << 6 | 2 << 9).to_bytes(3, "little")
     data = bytes([3, 2 << 1, 5, 1 << 1 | 1]) + packed
-    assert values_end(data, 0, 8, None, 6, named) == len(data)
-    assert named.tolist() == [True, True, True, False, False, True]
-    entries, data = Entries(), bytes(42)
-    first, copy = (Dictionary(data, np.array([2, 4, 6, 8, 10, 12]), at, 0.5) for at in (4, 9))
-    first.named[:] = named
-    entries.add(0, first)
-    assert entries.unnamed() == (4, 9)  # entries 3 and 4, half stored
-    copy.named[3] = True  # the same dictionary in another chunk: its entry 3 is read there
-    entries.add(0, copy)
-    assert entries.unnamed() == (4, 5 + 5)  # entry 4, in both copies
+    assert values_end(data, 0, 8, None, 6) == len(data)
+    with pytest.raises(ValueError, match="end inside a bit-packed run"):
+        values_end(data[:-1], 0, 8, None, 6)
 
 
 def test_values_end_where_their_encoding_says():
@@ -154,23 +139,15 @@ def test_a_delta_page_is_read_only_when_its_codec_bounds_it(tmp_path, compressio
                 pass
 
 
-def test_dictionary_entries_no_row_names_are_weighed_or_refused(tmp_path):
-    """An entry no index names is read by no record (a row group could hide in one): weighed
-    for a log's letter, a trace refused. pyarrow writes a dictionary array's entries whole,
-    named or not (so do categoricals of fastparquet and polars' enums: docs/BOUNDS.md)."""
+def test_dictionary_entries_no_row_names_are_accepted(tmp_path):
+    """pyarrow writes a dictionary array's entries whole, named or not (so do categoricals of
+    pandas and fastparquet, and polars' enums): an entry no index names is the file's own
+    data, not stray bytes (the residual: docs/BOUNDS.md)."""
     entries = pa.array(["a", "b", "no row names me"])
     column = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), entries)
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"k": column}), path, compression="none")
     stray: list = []
-    with parquet_file(str(path), 1 << 20, stray=stray):
-        pass
-    assert [(lost.size, lost.where) for lost in stray] == [
-        (4 + len("no row names me"), "in dictionary entries no row names")
-    ]
-    with pytest.raises(ValueError, match="in dictionary entries no row names"):
-        with parquet_file(str(path), 1 << 20):
-            pass
-    pq.write_table(pa.table({"k": column.dictionary_decode()}), path, compression="none")
-    with parquet_file(str(path), 1 << 20):  # entries as pyarrow builds them: each named
-        pass
+    with parquet_file(str(path), 1 << 20, stray=stray) as (_, parquet):
+        assert parquet.read().column("k").to_pylist() == ["a", "b", "a"]
+    assert stray == []
