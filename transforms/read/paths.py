@@ -809,7 +809,8 @@ class _ChunkValues:
         self._data: dict[int, bytes] = {}
         self._width = fixed_value_bytes(column.physical_type, descriptor.length)
         self._dictionary = {page.start for page in pages if not page.version}
-        self._text = descriptor.converted_type == "UTF8"
+        # the annotations writers truncate as UTF-8 text (parquet-mr: strings, enums, JSON)
+        self._text = descriptor.converted_type in ("UTF8", "ENUM", "JSON")
         self._entries: list[bytes] | None = None  # the dictionary's, sorted: built once
         self._in_entries: dict[bytes, bool] = {}  # each bound looked up once a chunk
 
