@@ -539,6 +539,19 @@ def test_a_bloom_filter_counts_only_as_the_bitset_its_chunks_values_set(tmp_path
         _opens(tmp_path, footer, flipped)
 
 
+def test_a_bloom_filter_over_a_dictionary_array_holds_the_entries_its_group_names(tmp_path):
+    """pyarrow writes a dictionary array's whole dictionary in each row group but sets each
+    group's bloom filter from its values alone: the rebuild hashes the entries its pages
+    name, so each group's filter is accounted for."""
+    path = tmp_path / "c.parquet"
+    table = pa.table({"s": pa.array(["a", "a", "a", "b", "b", "b"]).dictionary_encode()})
+    pq.write_table(table, path, 3, bloom_filter_options={"s": {"ndv": 10}})
+    stray: list = []
+    with parquet_file(str(path), 1 << 20, stray=stray):
+        pass
+    assert stray == []
+
+
 def test_a_column_index_value_counts_only_as_bytes_its_page_holds(tmp_path):
     """A column index's min and max are held to bytes its page's values (or the chunk's
     dictionary) hold: a max the page never held, even of the same length, is refused."""
