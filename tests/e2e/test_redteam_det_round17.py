@@ -70,7 +70,6 @@ def _as_a_truncating_writer_writes(records: list[dict]) -> bytes:
     return with_parquet_footer(body, footer)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 17")
 def test_a_column_index_max_truncated_at_a_character_publishes_as_its_jsonl(
     tiny_tokenizer, tmp_path
 ):
@@ -97,7 +96,6 @@ def test_a_column_index_max_truncated_at_a_character_publishes_as_its_jsonl(
     assert trace(tmp_path / "parquet") == trace(tmp_path / "jsonl")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 17")
 def test_a_categorical_column_with_a_bloom_filter_publishes_as_its_jsonl(tiny_tokenizer, tmp_path):
     """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; docs/
     BOUNDS.md, Parquet body: 'Files of pyarrow (with page indexes, bloom filters, v2 pages)'

@@ -117,7 +117,6 @@ def test_a_row_group_inside_a_metadata_copy_behind_a_chunk_loses_none_silently(
     assert _lost_none(parquet_night(tiny_tokenizer, tmp_path, footer, body))
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 17")
 def test_a_page_over_the_ceiling_refuses_its_row_group_not_the_file(tiny_tokenizer, tmp_path):
     """Nothing lost to a letter that should not be (BOUNDS.md, "Parquet page": a page over 2 x
     the bound makes its row group one `too_large` letter, unread, and the other groups are

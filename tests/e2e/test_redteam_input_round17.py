@@ -35,7 +35,6 @@ def _night_under_cpu(tokenizer: str, tmp_path: Path, source: Path, seconds: int)
     return done.returncode
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 17")
 def test_page_statistics_searched_in_a_large_dictionary_cost_no_more_than_the_files_bytes(
     tiny_tokenizer, tmp_path
 ):

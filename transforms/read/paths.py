@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import weakref
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -32,7 +33,7 @@ from kvtrace.transforms.read.arrow_sizes import (
     largest_value_bytes,
     least_json_bytes,
 )
-from kvtrace.transforms.read.bloom_filter import bitset, plain_hashes
+from kvtrace.transforms.read.bloom_filter import bitset, plain_hashes, plain_values
 from kvtrace.transforms.read.decompress import DecodedStream, form_name
 from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH
 from kvtrace.transforms.read.numbers import Reader, json_reader
@@ -803,8 +804,8 @@ def _chunk_extras(
 class _ChunkValues:
     """A column chunk's walked pages, each decompressed at most once on demand, for what its
     statistics and bloom filter are held to. A chunk holding a page over max_page_bytes is not
-    decompressed (as _check_chunks does not: read, its group is refused unread), its
-    statistics held to its pages' sizes alone."""
+    decompressed (as _check_chunks does not: read, its group is refused unread), nor are its
+    statistics held to anything (docs/BOUNDS.md)."""
 
     def __init__(
         self,
@@ -820,6 +821,10 @@ class _ChunkValues:
         self._data: dict[int, bytes] = {}
         self._width = fixed_value_bytes(column.physical_type, descriptor.length)
         self._dictionary = {page.start for page in pages if not page.version}
+        # the annotations writers truncate as UTF-8 text (parquet-mr: strings, enums, JSON)
+        self._text = descriptor.converted_type in ("UTF8", "ENUM", "JSON")
+        self._entries: list[bytes] | None = None  # the dictionary's, sorted: built once
+        self._in_entries: dict[bytes, bool] = {}  # each bound looked up once a chunk
 
     def data(self, page: Page) -> bytes:
         """The page's data, its codec undone (v2: its levels stored plain before it). The
@@ -838,32 +843,52 @@ class _ChunkValues:
 
     def holds(self, page: Page, value: bytes) -> bool:
         """Whether a min or max value of a data page's statistics is one fixed-width value's
-        bytes at most, or (BYTE_ARRAY) bytes its values or the chunk's dictionary hold (so it
-        carries nothing they do not), or such bytes truncated as writers truncate a max (its
-        last byte one more: parquet-mr's column index). Bytes of the page, not one whole
-        value: as cheap as a search, and a value held so repeats bytes a decoder consumed,
-        whatever it is. DELTA_BYTE_ARRAY values, stored as suffixes, hold no such bytes."""
+        bytes at most, or (BYTE_ARRAY) bytes the page holds or the start of an entry of the
+        chunk's dictionary (so it carries nothing they do not), or such bytes truncated as
+        writers truncate a max (_unraised). Bytes of the page, not one whole value: as cheap
+        as a search, and a value held so repeats bytes a decoder consumed, whatever it is.
+        DELTA_BYTE_ARRAY values, stored as suffixes, hold no such bytes."""
         if self._width is not None:  # one value's bytes at most (a boolean's: one)
             return len(value) <= max(self._width, 1)
         if self.oversized or not value:
-            return len(value) <= page.size
-        raised = value[:-1] + bytes([value[-1] - 1]) if value[-1] else value
-        found = [page, *(other for other in self.pages if not other.version)]
-        return any(value in self.data(p) or raised in self.data(p) for p in found)
+            return True
+        forms = _unraised(value, self._text)
+        data = self.data(page)
+        return any(form in data for form in forms) or self._starts_an_entry(value, forms)
+
+    def _starts_an_entry(self, value: bytes, forms: tuple[bytes, ...]) -> bool:
+        """Whether one of a bound's forms starts an entry of the chunk's dictionary pages: a
+        lookup in their entries sorted (once a chunk), each bound's answer kept, so a large
+        dictionary costs its bytes once however many pages name the bound."""
+        if value not in self._in_entries:
+            if self._entries is None:
+                self._entries = sorted(
+                    entry
+                    for page in self.pages
+                    if not page.version
+                    for entry in plain_values(self.data(page), 0, page.values, None)
+                )
+            entries = self._entries
+            self._in_entries[value] = any(
+                (at := bisect_left(entries, form)) < len(entries) and entries[at].startswith(form)
+                for form in forms
+            )
+        return self._in_entries[value]
 
     def walk(self, bounds: list[list[bytes]], hashing: bool) -> list[np.ndarray]:
         """One pass over the chunk's pages, each decompressed once: each data page's statistics
         (`bounds`, in page order) held (holds; ValueError if not), and when `hashing`, the
-        xxhash64 of the chunk's values, PLAIN-encoded, each once at least (a dictionary's
-        entries for the pages that index it), for its bloom filter; ValueError for a page
-        stored otherwise (no common writer writes a bloom filter over one: docs/BOUNDS.md).
-        A chunk over the bound (oversized) is hashed to nothing."""
+        xxhash64 of the chunk's values, PLAIN-encoded, each once at least (of a dictionary's
+        entries, those its data pages' indices name: what a writer inserts), for its bloom
+        filter; ValueError for a page stored otherwise (no common writer writes a bloom filter
+        over one: docs/BOUNDS.md). A chunk over the bound (oversized) is hashed to nothing."""
         if hashing and self._column.physical_type == "BOOLEAN":
             raise ValueError("a bloom filter over booleans, which the format does not define")
         hashing = hashing and not self.oversized
         hashes, held = [], iter(bounds)
+        dictionaries: list[tuple[np.ndarray, np.ndarray]] = []  # entries' hashes, named
         for page in self.pages:
-            if page.version and not all(self.holds(page, bound) for bound in next(held)):
+            if page.version and not all(self.holds(page, bound) for bound in set(next(held))):
                 raise ValueError(
                     f"a page at byte {page.at} whose statistics (its header's or the column "
                     "index's) are bytes its values do not hold"
@@ -871,13 +896,42 @@ class _ChunkValues:
             if not hashing:
                 continue
             if not page.version:
-                hashes.append(plain_hashes(self.data(page), 0, page.values, self._width))
+                entries = plain_hashes(self.data(page), 0, page.values, self._width)
+                dictionaries.append((entries, np.zeros(len(entries), dtype=bool)))
             elif page.encoding == PLAIN:
                 at, count, _ = _page_levels(self.data(page), self._descriptor, page)
                 hashes.append(plain_hashes(self.data(page), at, count, self._width))
-            elif page.encoding not in DICTIONARY_ENCODINGS:
+            elif page.encoding in DICTIONARY_ENCODINGS:
+                if dictionaries:
+                    at, count, _ = _page_levels(self.data(page), self._descriptor, page)
+                    named = dictionaries[-1][1]
+                    values_end(self.data(page), at, page.encoding, self._width, count, named)
+            else:
                 raise ValueError(f"a bloom filter over a page in encoding {page.encoding}")
-        return hashes
+        return hashes + [entries[named] for entries, named in dictionaries]
+
+
+def _unraised(value: bytes, text: bool) -> tuple[bytes, ...]:
+    """A bound's forms before a writer may have truncated it: itself (a min, or a max, cut to
+    bytes the page holds), and a max whose last byte was raised by one (parquet-mr's binary
+    column index), its last byte lowered; of a UTF-8 column (`text`), also one whose last
+    character was raised by one code point (arrow-rs, parquet-mr: a max cut at a character),
+    that character lowered (past the surrogates, which UTF-8 does not encode)."""
+    forms = [value]
+    if value[-1]:
+        forms.append(value[:-1] + bytes([value[-1] - 1]))
+    if text:
+        start = len(value) - 1
+        while start > 0 and len(value) - start < 4 and 0x80 <= value[start] < 0xC0:
+            start -= 1
+        try:
+            point = ord(value[start:].decode("utf-8")) - 1
+        except (UnicodeDecodeError, TypeError):  # not one character
+            point = -1
+        if point >= 0:
+            point = 0xD7FF if 0xD800 <= point < 0xE000 else point
+            forms.append(value[:start] + chr(point).encode("utf-8"))
+    return tuple(dict.fromkeys(forms))
 
 
 def _check_offset_index(offset: int, index: dict[int, Any], pages: list[Page]) -> None:

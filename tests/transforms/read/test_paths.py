@@ -24,6 +24,7 @@ from kvtrace.transforms.read.paths import (
     _FooterWalk,
     _OverWeight,
     _page_header,
+    _unraised,
     check_footer,
     chunk_pages,
     expand_inputs,
@@ -592,6 +593,19 @@ def test_a_bloom_filter_counts_only_as_the_bitset_its_chunks_values_set(tmp_path
         _opens(tmp_path, footer, flipped)
 
 
+def test_a_bloom_filter_over_a_dictionary_array_holds_the_entries_its_group_names(tmp_path):
+    """pyarrow writes a dictionary array's whole dictionary in each row group but sets each
+    group's bloom filter from its values alone: the rebuild hashes the entries its pages
+    name, so each group's filter is accounted for."""
+    path = tmp_path / "c.parquet"
+    table = pa.table({"s": pa.array(["a", "a", "a", "b", "b", "b"]).dictionary_encode()})
+    pq.write_table(table, path, 3, bloom_filter_options={"s": {"ndv": 10}})
+    stray: list = []
+    with parquet_file(str(path), 1 << 20, stray=stray):
+        pass
+    assert stray == []
+
+
 def test_a_column_index_value_counts_only_as_bytes_its_page_holds(tmp_path):
     """A column index's min and max are held to bytes its page's values (or the chunk's
     dictionary) hold: a max the page never held, even of the same length, is refused."""
@@ -603,6 +617,17 @@ def test_a_column_index_value_counts_only_as_bytes_its_page_holds(tmp_path):
     edited = body[:start] + index.replace(b"\x01b", b"\x01z") + body[start + len(index) :]
     with pytest.raises(ValueError, match="statistics .* are bytes its values do not hold"):
         _opens(tmp_path, footer, edited)
+
+
+def test_a_truncated_max_is_held_as_the_value_before_its_last_byte_or_character_was_raised():
+    """A max cut and raised by a writer is looked for as the bytes it was raised from: its last
+    byte one less (binary), or of a UTF-8 column its last character one code point less (the
+    UTF-8 of U+4E40 differs from U+4E3F's in two bytes), past the surrogates."""
+    raised = ("z" * 3 + "\u4e40").encode()
+    assert _unraised(raised, False) == (raised, raised[:-1] + b"\x7f")
+    assert ("z" * 3 + "\u4e3f").encode() in _unraised(raised, True)
+    assert _unraised("\ue000".encode(), True)[-1] == "\ud7ff".encode()
+    assert _unraised(b"a\x00", True) == (b"a\x00",)  # nothing below a zero byte, or U+0000
 
 
 @pytest.mark.parametrize(
