@@ -105,11 +105,14 @@ _SLICE = 1 << 16
 _LAST_RUN_GROUPS = 32
 
 
-def hybrid_end(data: bytes, at: int, width: int, count: int, target: int = -1) -> tuple[int, int]:
+def hybrid_end(
+    data: bytes, at: int, width: int, count: int, target: int = -1, named: np.ndarray | None = None
+) -> tuple[int, int]:
     """Where `count` values of the RLE / bit-packed hybrid, `width` bits each, starting at `at`,
-    end, and how many of them equal `target`. ValueError when the data ends first, a run holds
-    none (a run must move on) or holds bytes no decoder reads: a decoder stops at the last
-    value, so only the last run passes it, by fewer groups than a writer's block of 256 values
+    end, and how many of them equal `target`; given `named` (one flag a dictionary entry),
+    each value's flag is set. ValueError when the data ends first, a run holds none (a run
+    must move on) or holds bytes no decoder reads: a decoder stops at the last value, so only
+    the last run passes it, by fewer groups than a writer's block of 256 values
     (_LAST_RUN_GROUPS), and an RLE run's value fits its width."""
     position = found = 0
     value_bytes = (width + 7) // 8
@@ -125,14 +128,14 @@ def hybrid_end(data: bytes, at: int, width: int, count: int, target: int = -1) -
             if at + stored > len(data):
                 raise ValueError("a page's values end inside a bit-packed run")
             taken = min(levels, owed)
-            for first in range(0, taken if target >= 0 else 0, _SLICE):
+            for first in range(0, taken if target >= 0 or named is not None else 0, _SLICE):
                 values = min(_SLICE, taken - first)  # whole groups but for the last one's
                 packed.append(
                     data[at + first // 8 * width : at + -(-(first + values) // 8) * width]
                 )
                 pending += values
                 if pending >= _SLICE:
-                    found += _tally(b"".join(packed), width, pending, target)
+                    found += _tally(b"".join(packed), width, pending, target, named)
                     packed, pending = [], 0
         else:  # RLE: one value, `levels` times
             levels, stored = header >> 1, value_bytes
@@ -143,19 +146,24 @@ def hybrid_end(data: bytes, at: int, width: int, count: int, target: int = -1) -
                 raise ValueError("a page's run holds a value wider than its bit width")
             if value == target:
                 found += min(levels, count - position)
+            if named is not None and value < len(named) and levels:
+                named[value] = True
         if not levels:
             raise ValueError("a page's values hold an empty run")
         position += levels
         at += stored
     if pending:
-        found += _tally(b"".join(packed), width, pending, target)
+        found += _tally(b"".join(packed), width, pending, target, named)
     return at, found
 
 
-def _tally(packed: bytes, width: int, count: int, target: int) -> int:
-    """How many of the first `count` values bit-packed in `packed` equal `target`."""
+def _tally(packed: bytes, width: int, count: int, target: int, named: np.ndarray | None) -> int:
+    """How many of the first `count` values bit-packed in `packed` equal `target`; given
+    `named`, the flag of each value within it set (a value past it names no entry)."""
     values = unpacked(packed, width)[:count] if width else np.zeros(count, dtype=np.int64)
-    return int((values == target).sum())
+    if named is not None:
+        named[values[values < len(named)]] = True
+    return int((values == target).sum()) if target >= 0 else 0
 
 
 def unpacked(packed: bytes, width: int) -> np.ndarray:
@@ -179,13 +187,21 @@ def varint(data: bytes, at: int) -> tuple[int, int]:
     raise ValueError("a page holds a damaged run header")
 
 
-def values_end(data: bytes, at: int, encoding: int, width: int | None, count: int) -> int:
+def values_end(
+    data: bytes,
+    at: int,
+    encoding: int,
+    width: int | None,
+    count: int,
+    named: np.ndarray | None = None,
+) -> int:
     """Where `count` values from `at`, so encoded (one of DECODED_ENCODINGS), end: width is a
-    fixed-width type's bytes (0 for BOOLEAN, bit-packed when PLAIN), None for BYTE_ARRAY."""
+    fixed-width type's bytes (0 for BOOLEAN, bit-packed when PLAIN), None for BYTE_ARRAY;
+    dictionary indices set the flags in `named` of the entries they name (hybrid_end)."""
     if encoding in (PLAIN_DICTIONARY, RLE_DICTIONARY):  # indices: their bit width, then runs
         if at >= len(data) or data[at] > 32:
             raise ValueError("a page's dictionary indices have no valid bit width")
-        return hybrid_end(data, at + 1, data[at], count)[0] if count else at + 1
+        return hybrid_end(data, at + 1, data[at], count, named=named)[0] if count else at + 1
     if encoding == RLE:  # booleans: their length, then runs of 1 bit
         stored = int.from_bytes(data[at : at + 4], "little")
         if hybrid_end(data[: at + 4 + stored], at + 4, 1, count)[0] != at + 4 + stored:

@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 import weakref
-from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -33,7 +32,7 @@ from kvtrace.transforms.read.arrow_sizes import (
     largest_value_bytes,
     least_json_bytes,
 )
-from kvtrace.transforms.read.bloom_filter import bitset, plain_hashes, plain_values
+from kvtrace.transforms.read.bloom_filter import bitset, plain_hashes
 from kvtrace.transforms.read.decompress import DecodedStream, form_name
 from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH
 from kvtrace.transforms.read.numbers import Reader, json_reader
@@ -642,7 +641,8 @@ def _stray_bytes(
             meta = row_group.column(column)
             pages = chunk_pages(raw, meta)  # walked: _check_chunks
             values = _ChunkValues(raw, meta, metadata.schema.column(column), pages, max_page_bytes)
-            extras = _chunk_extras(raw, chunk, values, body_end)
+            extras = list(_chunk_extras(raw, chunk, values, body_end))
+            values.release()  # held below for a copy's check: a file's chunks never at once
             copies = functools.partial(_copied, footer, chunk, values)
             parts.append((*_chunk_range(meta), copies))
             parts.extend((*extra, tuple) for extra in extras)
@@ -690,6 +690,7 @@ def _copied(footer: Footer, chunk: dict[int, Any], values: _ChunkValues) -> tupl
             break
         if page.version:
             unheld = {value for value in unheld if not values.holds(page, value)}
+    values.release()
     if unheld:
         return ()
     entry = footer.encoded(chunk)
@@ -823,7 +824,6 @@ class _ChunkValues:
         self._dictionary = {page.start for page in pages if not page.version}
         # the annotations writers truncate as UTF-8 text (parquet-mr: strings, enums, JSON)
         self._text = descriptor.converted_type in ("UTF8", "ENUM", "JSON")
-        self._entries: list[bytes] | None = None  # the dictionary's, sorted: built once
         self._in_entries: dict[bytes, bool] = {}  # each bound looked up once a chunk
 
     def data(self, page: Page) -> bytes:
@@ -841,6 +841,10 @@ class _ChunkValues:
             )
         return self._data[page.start]
 
+    def release(self) -> None:
+        """Drop what was decompressed and looked up (built again if asked again)."""
+        self._data, self._in_entries = {}, {}
+
     def holds(self, page: Page, value: bytes) -> bool:
         """Whether a min or max value of a data page's statistics is one fixed-width value's
         bytes at most, or (BYTE_ARRAY) bytes the page holds or the start of an entry of the
@@ -857,22 +861,12 @@ class _ChunkValues:
         return any(form in data for form in forms) or self._starts_an_entry(value, forms)
 
     def _starts_an_entry(self, value: bytes, forms: tuple[bytes, ...]) -> bool:
-        """Whether one of a bound's forms starts an entry of the chunk's dictionary pages: a
-        lookup in their entries sorted (once a chunk), each bound's answer kept, so a large
-        dictionary costs its bytes once however many pages name the bound."""
+        """Whether one of a bound's forms is bytes of the chunk's dictionary pages: a search of
+        their decompressed bytes (C speed, no object per entry), each bound's answer kept, so a
+        large dictionary costs its bytes once per distinct bound however many pages name it."""
         if value not in self._in_entries:
-            if self._entries is None:
-                self._entries = sorted(
-                    entry
-                    for page in self.pages
-                    if not page.version
-                    for entry in plain_values(self.data(page), 0, page.values, None)
-                )
-            entries = self._entries
-            self._in_entries[value] = any(
-                (at := bisect_left(entries, form)) < len(entries) and entries[at].startswith(form)
-                for form in forms
-            )
+            dictionaries = [self.data(page) for page in self.pages if not page.version]
+            self._in_entries[value] = any(form in data for data in dictionaries for form in forms)
         return self._in_entries[value]
 
     def walk(self, bounds: list[list[bytes]], hashing: bool) -> list[np.ndarray]:
