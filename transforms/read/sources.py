@@ -27,7 +27,6 @@ import pyarrow.parquet as pq
 
 from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter, shown_name
 from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
-from kvtrace.transforms.read.arrow_sizes import least_json_bytes
 from kvtrace.transforms.read.decompress import PLAIN_SUFFIX, content_form, input_name
 from kvtrace.transforms.read.numbers import row_reader
 from kvtrace.transforms.read.paths import (
@@ -276,8 +275,9 @@ def stored_weight(decoded: int, share: float) -> int:
 
 
 class StoredRow(dict):
-    """A Parquet row, with the input bytes as stored it stands for (`stored`): its share of its
-    row group's bytes (RowWeights), which every letter made of it weighs."""
+    """A Parquet row, with the input bytes as stored it stands for (`stored`): its row group's
+    bytes shared evenly among its rows (a row's own bytes cannot be placed in compressed pages
+    without decoding the group twice), which every letter made of it weighs."""
 
     stored: int
 
@@ -291,22 +291,11 @@ class StoredRow(dict):
         return StoredRow.weighing, (dict(self), self.stored)
 
 
-class RowWeights:
-    """What each row of a row group weighs (StoredRow), in order: the group's bytes as stored
-    (`stored`) times the row's size over the group's (`decoded`), sizes as arrow_sizes counts
-    them before decoding, as a compressed line weighs its decoded bytes. A row's bytes cannot be
-    placed in compressed pages; its size can, so a row wrapping a log weighs what it holds.
-    Rounded as they add up, so the group's rows weigh exactly its bytes together, never more."""
-
-    def __init__(self, stored: int, decoded: int):
-        self._stored, self._decoded = stored, max(decoded, 1)
-        self._sized = self._given = 0
-
-    def __call__(self, size: int) -> int:
-        self._sized += size
-        weight = -(-self._stored * min(self._sized, self._decoded) // self._decoded) - self._given
-        self._given += weight
-        return weight
+def row_share(metadata: pq.FileMetaData, group: int, stored: int) -> int:
+    """What one row of a row group weighs (StoredRow): the group's bytes as stored over its
+    rows, rounded up."""
+    rows = max(metadata.row_group(group).num_rows, 1)
+    return -(-group_stored_bytes(metadata, group, stored) // rows)
 
 
 def misnamed_form(path: str) -> str | None:
@@ -389,8 +378,7 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
     decoded: it is one too_large dead letter (_unread_group). Bytes of its body that its
     footer does not account for (a row group left out of its list) are one damaged_file
     letter weighing them, the listed groups read all the same. A file that cannot be read on
-    weighs its bytes not yet read as lost (unread_bytes). Together the letters weigh the file's
-    bytes at most: each group weighs what is left of them (a footer may name a chunk twice)."""
+    weighs its bytes not yet read as lost (unread_bytes)."""
     stored = reached = 0  # the file's bytes as stored; those weighed or read so far
     stray: list[StrayBytes] = []
     try:
@@ -403,13 +391,14 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
                 reached += lost.size
             first = 0  # the file's number of the group's first row, counted as groups go by
             for group in range(parquet.num_row_groups):
-                left = max(stored - reached, 0)
                 if why := oversized_pages(raw, parquet.metadata, group, max_record_bytes):
-                    yield _unread_group(path, parquet.metadata, group, first, why, left)
+                    yield _unread_group(path, parquet.metadata, group, first, why, stored)
                 else:
-                    yield from _row_group(path, raw, parquet, group, first, max_record_bytes, left)
+                    yield from _row_group(
+                        path, raw, parquet, group, first, max_record_bytes, stored
+                    )
                 first += parquet.metadata.row_group(group).num_rows
-                reached += group_stored_bytes(parquet.metadata, group, left)
+                reached += group_stored_bytes(parquet.metadata, group, stored)
     except FooterOverBound as err:
         yield DeadLetter(
             path,
@@ -450,18 +439,14 @@ def _row_group(
     """A row group's rows as every reader reads Parquet (paths.sized_rows), PARQUET_BATCH_ROWS
     at a time or fewer, each sized before it is turned into Python values: a row over
     max_record_bytes as JSON is a too_large dead letter, never decoded, and rows are decoded
-    a few at a time, at most max_record_bytes of them together. The group is sized whole first
-    (no row decoded), so that each row weighs its share (RowWeights). Where the group breaks,
-    a dead letter weighing the group's bytes as stored (stored: at most the file's left) as
-    lost: its rows before the break cannot be placed in its compressed pages, and a loss
-    weighs never less."""
+    a few at a time, at most max_record_bytes of them together. Where the group breaks, a
+    dead letter weighing the group's bytes as stored (stored: the file's) as lost: its rows
+    before the break cannot be placed in its compressed pages, and a loss weighs never less."""
     dense = without_views(parquet.schema_arrow)  # the rows' types, dictionaries decoded
-    group_stored = group_stored_bytes(parquet.metadata, group, stored)
+    weight = row_share(parquet.metadata, group, stored)
     read = 0
     try:
-        runs = (raw, parquet, group, max_record_bytes, PARQUET_BATCH_ROWS)
-        weigh = RowWeights(group_stored, sum(run.size for run in sized_rows(*runs)))
-        for run in sized_rows(*runs):
+        for run in sized_rows(raw, parquet, group, max_record_bytes, PARQUET_BATCH_ROWS):
             if run.rows is None:
                 yield DeadLetter(
                     path,
@@ -469,10 +454,10 @@ def _row_group(
                     "too_large",
                     f"row {first + run.first} not decoded: {run.size} bytes as "
                     f"JSON at least, over --max-record-bytes {max_record_bytes}",
-                    lost_bytes=weigh(run.size),
+                    lost_bytes=weight,
                 )
             else:
-                yield from _python_rows(path, run.rows, dense, first + run.first, weigh)
+                yield from _python_rows(path, run.rows, dense, first + run.first, weight)
             read = run.first + (1 if run.rows is None else run.rows.num_rows)
     except MemoryError:  # the process's state, not the file's
         raise
@@ -483,26 +468,25 @@ def _row_group(
             b"",
             DAMAGED_FILE,
             f"row group {group} of {parquet.num_row_groups} unreadable after {read} rows: {err}",
-            lost_bytes=unread_bytes(group_stored, 0),
+            lost_bytes=unread_bytes(group_stored_bytes(parquet.metadata, group, stored), 0),
         )
 
 
 def _python_rows(
-    path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int, weigh: RowWeights
+    path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int, weight: int
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     """Rows (sized already) as dicts: the one place Parquet values become Python values, each
     the JSON value of its text as its Arrow type decides (numbers.json_reader: a decimal, a
     narrow float, bytes). A value Arrow holds but Python cannot (a timestamp past year 9999, a
     decimal past its precision, a map with a key twice, bytes not UTF-8) fails its row alone:
     the rows are then converted one by one, and each that fails is a dead letter saying why,
-    numbered from `first`. Each row weighs what `weigh` gives its size (StoredRow)."""
-    weights = [weigh(int(size)) for size in least_json_bytes(rows)]
+    numbered from `first`. Each row weighs `weight` (StoredRow)."""
     try:
         converted = _as_python(rows, dense)
     except CONVERSION_FAILURES:
         converted = None
     if converted is not None:
-        for row, weight in zip(converted, weights, strict=True):
+        for row in converted:
             yield path, StoredRow.weighing(without_nulls(row), weight)
         return
     for index in range(rows.num_rows):
@@ -515,10 +499,10 @@ def _python_rows(
                 b"",
                 failed.reason,
                 f"row {first + index} has a value Python cannot hold: {failed.message}",
-                lost_bytes=weights[index],
+                lost_bytes=weight,
             )
             continue
-        yield path, StoredRow.weighing(without_nulls(row), weights[index])
+        yield path, StoredRow.weighing(without_nulls(row), weight)
 
 
 def _as_python(rows: pa.RecordBatch, dense: pa.Schema) -> list[dict]:

@@ -22,14 +22,7 @@ from hypothesis import strategies as st
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from kvtrace.transforms.read.paths import Oversized, read_lines
 from kvtrace.transforms.read.records import ParseOptions
-from kvtrace.transforms.read.sources import (
-    BOM,
-    FileRange,
-    RowWeights,
-    file_ranges,
-    read_range,
-    unread_bytes,
-)
+from kvtrace.transforms.read.sources import BOM, FileRange, file_ranges, read_range, unread_bytes
 from kvtrace.transforms.read.timestamps import timestamp_ms
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
@@ -941,24 +934,3 @@ def test_a_file_renamed_away_after_the_plan_is_a_letter(tmp_path):
     path.write_bytes(data)
     [letter] = read_range(piece, 1 << 20)
     assert (letter.reason, letter.lost_bytes) == ("damaged_file", len(data))
-
-
-def test_a_parquet_row_weighs_its_groups_bytes_by_its_size():
-    """Rows weigh the group's stored bytes in proportion to their sizes, rounded as they add
-    up: together exactly the group's bytes, a large row most of them."""
-    weigh = RowWeights(1_000, 100)
-    assert [weigh(size) for size in (5, 5, 90)] == [50, 50, 900]
-    weigh = RowWeights(10, 3)
-    weights = [weigh(1) for _ in range(3)]
-    assert sum(weights) == 10 and max(weights) - min(weights) <= 1
-
-
-def test_a_parquet_row_wrapping_many_weighs_what_it_holds(tmp_path):
-    """A row holding a group's bulk (a list response wrapping a log) weighs most of its bytes,
-    not one row's even share, and the file's rows weigh its bytes at most."""
-    rows = [{"n": i, "data": None} for i in range(9)] + [{"n": 9, "data": list(range(20_000))}]
-    path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"n": [r["n"] for r in rows], "data": [r["data"] for r in rows]}), path)
-    weights = [row.stored for _, row in read_range(FileRange(str(path), 0, None), 1 << 20)]
-    assert weights[-1] > 0.9 * sum(weights)
-    assert sum(weights) <= path.stat().st_size
