@@ -93,22 +93,30 @@ class ParseOptions:
         return self.withholds_letters or (value is not None and holds_engine_hashes(line, value))
 
 
-class StoredLine(bytes):
-    """A record's bytes with the input bytes as stored they stand for (`stored`), which every
-    letter made of them weighs (line_weight): a compressed file's line its decoded bytes at its
-    file's whole share (sources.read_range), a Parquet row's rendering its row's share of its
-    row group (sources.StoredRow), a joined Batch pair both its lines' (batch_join.py)."""
+class Weighed:
+    """A value carrying the input bytes as stored it stands for (`stored`), which every letter
+    made of it weighs; kept through Beam's pickling. Mixed into the value's own type (_PLAIN)."""
 
+    _PLAIN: type
     stored: int
 
     @classmethod
-    def weighing(cls, line: bytes, stored: int) -> StoredLine:
-        weighed = cls(line)
+    def weighing(cls, value: Any, stored: int) -> Any:
+        weighed = cls(value)  # type: ignore[call-arg]
         weighed.stored = stored
         return weighed
 
     def __reduce__(self) -> tuple[Any, ...]:  # Beam pickles it between steps
-        return StoredLine.weighing, (bytes(self), self.stored)
+        return type(self).weighing, (self._PLAIN(self), self.stored)
+
+
+class StoredLine(Weighed, bytes):
+    """A record's bytes with what they weigh (line_weight): a compressed file's line its
+    decoded bytes at its file's whole share (sources.read_range), a Parquet row's rendering its
+    row's share of its row group (sources.StoredRow), a joined Batch pair both its lines'
+    (batch_join.py)."""
+
+    _PLAIN = bytes
 
 
 def line_weight(line: bytes) -> int:

@@ -54,6 +54,7 @@ from kvtrace.transforms.read.records import (
     ParseOptions,
     Request,
     StoredLine,
+    Weighed,
     decode_value,
     line_weight,
     object_of,
@@ -274,21 +275,12 @@ def stored_weight(decoded: int, share: float) -> int:
     return math.ceil(decoded * share)
 
 
-class StoredRow(dict):
-    """A Parquet row, with the input bytes as stored it stands for (`stored`): its row group's
-    bytes shared evenly among its rows (a row's own bytes cannot be placed in compressed pages
-    without decoding the group twice), which every letter made of it weighs."""
+class StoredRow(Weighed, dict):
+    """A Parquet row, with what it weighs: its row group's bytes shared evenly among its rows
+    (a row's own bytes cannot be placed in compressed pages without decoding the group twice),
+    which every letter made of it weighs."""
 
-    stored: int
-
-    @classmethod
-    def weighing(cls, row: dict, stored: int) -> StoredRow:
-        weighed = cls(row)
-        weighed.stored = stored
-        return weighed
-
-    def __reduce__(self) -> tuple[Any, ...]:  # Beam pickles it between steps
-        return StoredRow.weighing, (dict(self), self.stored)
+    _PLAIN = dict
 
 
 def row_share(metadata: pq.FileMetaData, group: int, stored: int) -> int:
