@@ -81,6 +81,7 @@ from kvtrace.transforms.write.manifest import (
 from kvtrace.transforms.write.parents import with_parents
 from kvtrace.transforms.write.publish import (
     DEAD_LETTER_FILE,
+    intend,
     publication,
     publish_folder,
     sha256_of,
@@ -545,15 +546,26 @@ def commit_id_map(
             config.staging,
             times,
             committed,
+            functools.partial(_intending, run.directory),
         )
         if version is not None:
-            published.append(f"version {version} of the id map {run.directory}")
+            published.append(_version_name(run.directory, version))
     return manifest
 
 
 def _committed(directory: str, committed: list[int]) -> list[str]:
     """The version of the id map at directory this run committed, if any (id_map.publish)."""
-    return [f"version {version} of the id map {directory}" for version in committed]
+    return [_version_name(directory, version) for version in committed]
+
+
+def _intending(directory: str, version: int, path: str, data: bytes) -> None:
+    """The commit's record, told before it is created (publish.intend): a Beam child's parent
+    then names the version if the child dies with it standing, at whatever point."""
+    intend(_version_name(directory, version), path, data)
+
+
+def _version_name(directory: str, version: int) -> str:
+    return f"version {version} of the id map {directory}"
 
 
 def publish_trace(config: AnonymizeConfig, manifest: dict) -> dict:

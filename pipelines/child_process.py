@@ -20,7 +20,10 @@ is stopped has published nothing. Publishing here is possible because nothing af
 publication runs in the child: the job's last step only stages the manifest, the dead letters
 are settled by this process already, and the output's lock is this process's. The one thing
 the child commits itself, the id map's version (the pipeline's CommitIdMap step), it tells this
-process as the commit stands (publish.forward_publications), and a stop here names it. Its
+process before the commit's record is created (publish.intend: its path and digest) and once the
+commit's publication ends (publish.forward_publications); a child gone in between is told here
+by what the path holds (Intended.stands), so a stop or a death names a commit that stands
+whatever point the child died at. Its
 temporary files go into a folder this process owns, removed whatever ends the child, and by the
 next run if this process is killed (it holds the folder's lock while it lives: storage.held).
 """
@@ -90,7 +93,10 @@ def run_in_child(job: Callable[[], T]) -> T:
             ),
             name="kvtrace-job",
         )
-        relay = threading.Thread(target=_relay, args=(heard,), name="kvtrace-job-publications")
+        intended: list[publish.Intended] = []  # told by the child, not yet settled by it
+        relay = threading.Thread(
+            target=_relay, args=(heard, intended), name="kvtrace-job-publications"
+        )
         try:
             with stop_signals_held():  # a stop lands here once the fork is whole, not in its hooks
                 child.start()
@@ -106,6 +112,7 @@ def run_in_child(job: Callable[[], T]) -> T:
             told.close()
             if relay.is_alive():  # the child is gone: its last word is in, or never comes
                 relay.join(UNWIND_S)
+            _note_standing(intended)
             heard.close()
             results.close()
             storage.remove_folder(scratch)  # the child is gone by now: ended, or stopped
@@ -128,15 +135,29 @@ def _clear_scratch(folder: str) -> None:
                 storage.remove_unheld(entry.path)
 
 
-def _relay(heard: Connection) -> None:
+def _relay(heard: Connection, intended: list[publish.Intended]) -> None:
     """In a thread of this process: each publication the child made, into this process's record
-    as it arrives (publish.note_published), so a stop here says it whenever it comes."""
+    as it arrives (publish.note_published), so a stop here says it whenever it comes; each step
+    it intends kept in intended until a publication's end settles it."""
     while True:
         try:
-            names = heard.recv()
+            told = heard.recv()
         except (EOFError, OSError):  # the child is gone
             return
-        publish.note_published(names)
+        if isinstance(told, publish.Intended):
+            intended.append(told)
+        else:
+            publish.note_published(told)
+            intended.clear()
+
+
+def _note_standing(intended: list[publish.Intended]) -> None:
+    """What the child intended and never settled (it died, or was ended, inside a publication),
+    into this process's record where storage holds it exactly: the child's own step, told by
+    its bytes whether the child died before it or after."""
+    standing = [step.name for step in list(intended) if step.stands()]
+    if standing:
+        publish.note_published(standing)
 
 
 def _wait_for(child: multiprocessing.process.BaseProcess, results: Connection) -> Any:

@@ -42,7 +42,6 @@ os.open = _open_then_stop
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 17")
 def test_a_beam_child_dying_as_its_id_map_commit_stands_says_the_map_was_extended(
     tiny_tokenizer, tmp_path
 ):

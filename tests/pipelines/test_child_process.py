@@ -22,6 +22,7 @@ from kvtrace.pipelines import child_process
 from kvtrace.pipelines.child_process import run_in_child
 from kvtrace.transforms import storage
 from kvtrace.transforms.errors import ConfigError, JobStopped
+from kvtrace.transforms.write import publish
 
 GONE_BOUND_S = 10.0  # a killed process is reaped at once; generous for a loaded machine
 
@@ -82,6 +83,48 @@ def _work_then_die(path: str) -> dict:
     _write_pid(path)
     os.kill(os.getpid(), signal.SIGKILL)
     return {}
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        (None, ""),  # killed before its step: nothing stands
+        (b"the record", "version 1 of the map"),  # killed once its step stands
+        (b"another run's record", ""),  # the path holds what it did not intend
+    ],
+)
+def test_a_child_killed_inside_a_publication_is_told_by_what_its_step_left(
+    start, monkeypatch, tmp_path, written, said
+):
+    """The child tells its step before taking it (publish.intend); killed at any point after,
+    it is named here exactly when the path holds the bytes it intended, never otherwise."""
+    monkeypatch.setattr(publish, "_PUBLISHED_HERE", publish._Published())
+    job = functools.partial(_intend_then_die, str(tmp_path / "record"), written, settle=False)
+    with pytest.raises(JobStopped, match="died by SIGKILL"):
+        run_in_child(job)
+    assert publish.published_here() == said
+
+
+def test_a_step_the_child_settled_is_named_once(start, monkeypatch, tmp_path):
+    """A publication that ended in the child told its names: its intended step is settled, so
+    a death after it does not name it again."""
+    monkeypatch.setattr(publish, "_PUBLISHED_HERE", publish._Published())
+    job = functools.partial(_intend_then_die, str(tmp_path / "record"), b"the record", settle=True)
+    with pytest.raises(JobStopped, match="died by SIGKILL"):
+        run_in_child(job)
+    assert publish.published_here() == "version 1 of the map"
+
+
+def _intend_then_die(path: str, written: bytes | None, settle: bool) -> None:
+    with publish.publication() as published:
+        publish.intend("version 1 of the map", path, b"the record")
+        if written is not None:
+            with open(path, "wb") as handle:
+                handle.write(written)
+        if not settle:
+            os.kill(os.getpid(), signal.SIGKILL)
+        published.append("version 1 of the map")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_the_jobs_error_is_raised_here_as_it_was_with_its_traceback_noted(start):

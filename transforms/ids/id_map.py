@@ -102,6 +102,8 @@ COMMITTED_MARK = "COMMITTED"  # in a segment folder, once the version listing it
 # all segments into one every 32 nights bounds that to 32 x shards files, at the price of
 # rewriting the map about once a month instead of every night.
 MAX_SEGMENTS = 32
+# Told a commit's version, its record's path and bytes before the record is created (publish).
+Intending = Callable[[int, str, bytes], None]
 
 
 @dataclass(frozen=True)
@@ -1085,12 +1087,15 @@ def publish(
     new: MapVersion,
     key: MapKey,
     committed: list[int] | None = None,
+    intending: Intending = lambda version, path, data: None,
 ) -> bytes:
     """Commit the new version by creating its metadata, keyed, exclusively (its segments are
     durable already: storage.create syncs each file), then mark its segment folders committed
     and move CURRENT to it. Returns the record's bytes. committed: given the version the moment
     this run's record is created, so what stands is known to be this run's, never inferred from
-    the map (another run may have committed in its place)."""
+    the map (another run may have committed in its place). intending: told the version, its
+    record's path and bytes before the record is created, so a process that outlives this one
+    knows the commit by what the path holds, whatever point this one dies at."""
     folders = _new_folders(map_folder(directory), base, new)
     for folder in folders:
         storage.sync_folder(folder)
@@ -1098,9 +1103,11 @@ def publish(
         storage.sync_folder(storage.join(directory, "segments"))
     metadata = version_bytes(new, key)
     record = committed if committed is not None else []
-    if current_version_number(directory) != base.version or not create_exclusive(
-        version_path(directory, new.version), metadata, lambda: record.append(new.version)
-    ):
+    if current_version_number(directory) != base.version:
+        raise _extended(directory, base)
+    path = version_path(directory, new.version)
+    intending(new.version, path, metadata)
+    if not create_exclusive(path, metadata, lambda: record.append(new.version)):
         raise _extended(directory, base)
     for folder in _new_folders(directory, base, new):
         with storage.create(storage.join(folder, COMMITTED_MARK), private=True):
@@ -1171,13 +1178,15 @@ def publish_night(
     folder: str,
     times: NightTimes = NightTimes(),
     committed: list[int] | None = None,
+    intending: Intending = lambda version, path, data: None,
 ) -> tuple[dict[str, Any], int | None]:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
     version its mark in the folder of marks names (anchor.py); the version records the night
     (Night: folder holds its trace shards as written). Returns the manifest to publish (a night the map recorded already, a
     rerun after a run killed past its commit, names the start recorded for it, not the map's
-    current one) and the version committed (None: nothing to commit); committed: as publish's."""
+    current one) and the version committed (None: nothing to commit); committed and intending:
+    as publish's."""
     # Every check before the run's segments settle (a refusal leaves them to run_segments).
     check_night_kind(directory, base, earliest_ms)
     key = map_key(salt.load())
@@ -1218,7 +1227,7 @@ def publish_night(
                 key,
             )
         return published, None
-    record = publish(directory, base, new, key, committed)
+    record = publish(directory, base, new, key, committed, intending)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
     return published, new.version

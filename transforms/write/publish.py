@@ -148,20 +148,47 @@ def _staged_here(path: str) -> str:
     return storage.remove_on_exit(path)
 
 
+@dataclass(frozen=True)
+class Intended:
+    """A publication's step about to stand (an id map's version record, before its link), told
+    to the parent that reports before it is taken (intend): name stands once path holds exactly
+    the bytes of this size and sha256 digest, so a child that dies at any point of the step is
+    told by what storage holds, whatever it could still say."""
+
+    name: str
+    path: str
+    size: int
+    digest: str
+
+    def stands(self) -> bool:
+        """Whether path holds exactly the intended bytes (unreadable, absent: it does not)."""
+        try:
+            held = read_bytes(self.path, self.size)
+        except (OSError, ValueError):
+            return False
+        return hashlib.sha256(held).hexdigest() == self.digest
+
+
+# What a child tells its parent (forward_publications): an Intended step, or the names a
+# publication published as it ended, which settles every step it intended.
+Told = Intended | list[str]
+
+
 class _Published:
     """What this process has published, as its publications stand once whole: how many, and
     the latest names (bounded), for a stop to say (published_here); in a child whose parent
-    reports, sent on to the parent's record as each stands (forward_publications)."""
+    reports, sent on to the parent's record as each publication ends, nothing published
+    included (forward_publications)."""
 
     def __init__(self) -> None:
         self.count = 0
         self.latest: deque[str] = deque(maxlen=SHOWN_PUBLISHED)
-        self.forward: Callable[[list[str]], None] | None = None
+        self.forward: Callable[[Told], None] | None = None
 
     def note(self, names: Sequence[str]) -> None:
         self.count += len(names)
         self.latest.extend(names)
-        if self.forward is not None and names:
+        if self.forward is not None:
             self.forward(list(names))
 
 
@@ -234,17 +261,28 @@ def _note_standing(failed: _Open) -> None:
     committed before its mark could be written), recorded as a hard end records it, so that
     the failure's line says it whichever step failed. Read from storage: a read that fails
     too leaves the failure's own error to be said."""
-    if failed.standing is None:
-        return
-    with suppress(Exception):
-        _PUBLISHED_HERE.note(failed.standing())
+    standing: list[str] = []
+    if failed.standing is not None:
+        with suppress(Exception):
+            standing = failed.standing()
+    _PUBLISHED_HERE.note(standing)  # nothing standing too: a parent's intended steps settle
 
 
-def forward_publications(send: Callable[[list[str]], None]) -> None:
+def forward_publications(send: Callable[[Told], None]) -> None:
     """In a child process whose parent reports (child_process.run_in_child): every publication
-    of this process is sent on as it stands whole, still within it (a stop waits for it), so
-    the parent's stop says it (note_published there)."""
+    of this process is sent on as it ends, still within it (a stop waits for it), so the
+    parent's stop says it (note_published there); each step it intends, before it is taken
+    (intend)."""
     _PUBLISHED_HERE.forward = send
+
+
+def intend(name: str, path: str, data: bytes) -> None:
+    """Within a publication, before the step that creates path with data (an id map's commit):
+    a parent that reports is told it first (Intended), so it learns of the step no later than
+    it stands, even if this process dies before it can say the step was taken."""
+    if _PUBLISHED_HERE.forward is not None:
+        digest = hashlib.sha256(data).hexdigest()
+        _PUBLISHED_HERE.forward(Intended(name, path, len(data), digest))
 
 
 def note_published(names: Sequence[str]) -> None:
