@@ -17,6 +17,7 @@ from helpers import (
     anonymize,
     chat,
     parquet_footer,
+    peak_rss_mb,
     read_jsonl,
     thrift_encode,
     thrift_field,
@@ -134,3 +135,53 @@ def test_a_row_group_inside_an_oversized_chunks_bloom_filter_loses_none_silently
     errors = {record["error"] for path in letters for record in read_jsonl(path)}
     published = sorted(row["timestamp"] for row in trace(out))
     assert published == [3_000, 4_000, 5_000, CLEAN_CHAT_MS] or "damaged_file" in errors
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 18")
+def test_a_chunk_of_many_dictionary_pages_is_checked_in_bounded_memory(tiny_tokenizer, tmp_path):
+    """Bounded memory (BOUNDS.md: a worker's Parquet reading stays under ~9 x
+    --max-record-bytes). A column chunk may hold one dictionary page (Arrow refuses a second
+    only when it decodes the group: "Column cannot have more than one dictionary"), but the
+    page walk (paths._pages, chunk_pages) takes any number, each within the page ceiling, and
+    the statistics check holds them all at once (paths._ChunkValues: `_dictionary` keeps
+    every dictionary page's decompressed bytes in `_data`, and _starts_an_entry lists them
+    all) before any row is read. pyarrow's zstd file of one column, a 30 MB entry of `x` and
+    `xxxxxxxy` (one row a page: the second page's statistics found in the dictionary alone),
+    its dictionary page repeated 40 times in the chunk (the footer's sizes and offsets moved
+    to match): a 39 KB file, a whole `anonymize` peaks at ~1.2 GB (one copy: ~230 MB), then
+    a `damaged_file` letter. A chunk's second dictionary page must be refused at its page
+    header, or the dictionary pages searched one at a time, never held together."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    table = pa.table({"zz": ["x" * 30_000_000, "xxxxxxxy"]})
+    pq.write_table(
+        table,
+        buffer,
+        compression="zstd",
+        data_page_size=1,
+        write_batch_size=1,
+        dictionary_pagesize_limit=64 << 20,
+    )
+    data = buffer.getvalue()
+    column = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0).column(0)
+    start, pages = column.dictionary_page_offset, column.data_page_offset
+    end = start + column.total_compressed_size
+    footer, _ = parquet_footer(data)
+    metadata = thrift_field(thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][0], 3)[2]
+    copies = 40
+    thrift_field(metadata, 9)[2] += (copies - 1) * (pages - start)  # data_page_offset
+    thrift_field(metadata, 7)[2] += (copies - 1) * (pages - start)  # total_compressed_size
+    thrift_field(metadata, 6)[2] += (copies - 1) * 30_000_004  # total_uncompressed_size
+    body = data[:start] + data[start:pages] * copies + data[pages:end]
+    source = tmp_path / "log.parquet"
+    source.write_bytes(with_parquet_footer(body, footer))
+    assert source.stat().st_size < 64 << 10
+    clean = tmp_path / "clean.jsonl"
+    write_jsonl(clean, [chat(6, CLEAN_CHAT_MS)])
+    command = [sys.executable, "-m", "kvtrace.cli", "anonymize", "--tokenizer", tiny_tokenizer]
+    command += ["--input", str(source), "--input", str(clean), "--output", str(tmp_path / "out")]
+    command += ["--max-rejected-fraction", "1", "--processes", "1", "--quiet"]
+    code, peak, _ = peak_rss_mb(command)
+    assert code == 0 and peak < 500, peak
