@@ -19,6 +19,7 @@ from helpers import (
     parquet_footer,
     peak_rss_mb,
     read_jsonl,
+    thrift_decode,
     thrift_encode,
     thrift_field,
     trace,
@@ -135,6 +136,62 @@ def test_a_row_group_inside_an_oversized_chunks_bloom_filter_loses_none_silently
     errors = {record["error"] for path in letters for record in read_jsonl(path)}
     published = sorted(row["timestamp"] for row in trace(out))
     assert published == [3_000, 4_000, 5_000, CLEAN_CHAT_MS] or "damaged_file" in errors
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 18")
+def test_a_trace_parquet_hiding_a_row_group_in_an_unread_oversized_page_is_refused_by_export(
+    tmp_path, capsys
+):
+    """The same cause in the trace readers: a page over the ceiling goes unchecked because
+    "its group is refused unread", but a trace reader refuses a group only for the columns it
+    reads (read_parquet_within -> oversized_pages(columns)), so a page over the ceiling in a
+    column it does not read leaves its payload unchecked AND its group read. A trace of six
+    rows in two row groups of three with an extra int column `zz` (pyarrow, no dictionary,
+    uncompressed); row group 0's `zz` page header claims 40 MB uncompressed (over 2 x 16 MiB)
+    and stores row group 1's pages behind its own payload, the footer listing row group 0
+    alone: `export --to aiperf` says "exported 3 rows", exit 0, three rows gone (round 14's
+    hole, back through the ceiling). A page over the ceiling in any column must refuse its
+    group (or the file), whatever the reader reads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvtrace.cli import main
+
+    rows = [
+        {"timestamp": 1_000 * i, "input_length": 8, "output_length": 2, "hash_ids": [i, i + 1]}
+        for i in range(6)
+    ]
+    buffer = io.BytesIO()
+    table = pa.Table.from_pylist([{**row, "zz": 7} for row in rows])
+    pq.write_table(table, buffer, 3, use_dictionary=False, compression="none")
+    data = buffer.getvalue()
+    metadata = pq.ParquetFile(io.BytesIO(data)).metadata
+    zz, group = metadata.row_group(0).column(4), metadata.row_group(1)
+    starts = [group.column(c).data_page_offset for c in range(group.num_columns)]
+    start = min(starts)
+    hidden = data[
+        start : max(s + group.column(c).total_compressed_size for c, s in enumerate(starts))
+    ]
+    at = zz.data_page_offset
+    assert at + zz.total_compressed_size == start  # row group 1 follows `zz`'s one page
+    header, payload_at = thrift_decode(data, at)
+    payload = data[payload_at:start]
+    thrift_field(header, 2)[2] = 40_000_000  # uncompressed_page_size
+    thrift_field(header, 3)[2] = len(payload) + len(hidden)  # compressed_page_size
+    page = thrift_encode(header) + payload + hidden
+    footer, _ = parquet_footer(data)
+    del thrift_field(footer, 4)[2][1][1]
+    thrift_field(footer, 3)[2] = 3
+    chunk = thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][4]
+    thrift_field(thrift_field(chunk, 3)[2], 6)[2] = len(page)  # total_uncompressed_size
+    thrift_field(thrift_field(chunk, 3)[2], 7)[2] = len(page)  # total_compressed_size
+    source = tmp_path / "t.parquet"
+    source.write_bytes(with_parquet_footer(data[:at] + page, footer))
+    out = tmp_path / "t.jsonl"
+    code = main(["export", str(source), "--to", "aiperf", "--block-size", "4", "-o", str(out)])
+    exported = out.read_text().count("\n") if out.exists() else 0
+    assert (code == 2 and not out.exists()) or exported == 6, (code, exported)
+    assert "Traceback" not in capsys.readouterr().err
 
 
 @pytest.mark.xfail(strict=True, reason="red team round 18")
