@@ -22,17 +22,21 @@ from helpers import (
 pytestmark = pytest.mark.slow
 
 DAY0 = 1_763_703_600_000
-# A string longer than the 64 bytes arrow-rs keeps of a column index's max: its 64th byte ends
-# U+4E3F (UTF-8 E4 B8 BF), the cut falls after it.
-LONGEST = "z" * 61 + "\u4e3f" + "zz"
-# The max arrow-rs wrote before it raised whole characters (its increment_utf8 raised the LAST
-# BYTE that stays valid UTF-8: BF cannot become C0, so B8 became B9): E4 B9 BF, U+4E7F. Not
-# the bytes the page holds, nor them with the last byte or the last character one more.
-BYTE_RAISED_MAX = "z" * 61 + "\u4e7f"
+# Strings longer than the 64 bytes parquet-mr (parquet.columnindex.truncate.length) keeps of a
+# column index's max, each with the max parquet-mr writes (BinaryTruncator.incrementUtf8: cut at
+# a character, then the LAST BYTE that leaves valid UTF-8 raised) and arrow-rs wrote before it
+# raised whole characters. Neither is the page's bytes, nor them with the last byte or the last
+# character one more (what paths._unraised tries).
+CUTS = {
+    # 64th byte ends U+4E3F (E4 B8 BF): BF cannot become C0, so B8 becomes B9 (U+4E7F)
+    "cjk": ("z" * 61 + "\u4e3f" + "zz", "z" * 61 + "\u4e7f"),
+    # 64th byte DEL: 0x80 alone is no character, so the byte before it is raised instead
+    "del": ("z" * 63 + "\x7f" + "zz", "z" * 62 + "{\x7f"),
+}
 
 
-def _records() -> list[dict]:
-    notes = ["a", LONGEST, "b", "a", "c", "a"]  # a field no reader reads
+def _records(longest: str) -> list[dict]:
+    notes = ["a", longest, "b", "a", "c", "a"]  # a field no reader reads
     return [
         {
             "timestamp": DAY0 + 1000 * i,
@@ -44,7 +48,7 @@ def _records() -> list[dict]:
     ]
 
 
-def _with_note_index_max(records: list[dict], written_max: str) -> bytes:
+def _with_note_index_max(records: list[dict], longest: str, written_max: str) -> bytes:
     """The records as Parquet with a page index, the `note` column index's max replaced by
     written_max (as a truncating writer writes it); the offsets after it moved to match."""
     import pyarrow as pa
@@ -58,7 +62,7 @@ def _with_note_index_max(records: list[dict], written_max: str) -> bytes:
     note = thrift_field(groups[0], 1)[2][1][3]
     start, length = thrift_field(note, 6)[2], thrift_field(note, 7)[2]
     index = body[start : start + length]
-    full = thrift_uvarint(len(LONGEST.encode())) + LONGEST.encode()
+    full = thrift_uvarint(len(longest.encode())) + longest.encode()
     assert index.count(full) == 1  # pyarrow writes the max whole
     cut = thrift_uvarint(len(written_max.encode())) + written_max.encode()
     body = body[:start] + index.replace(full, cut) + body[start + length :]
@@ -73,27 +77,30 @@ def _with_note_index_max(records: list[dict], written_max: str) -> bytes:
 
 
 @pytest.mark.xfail(strict=True, reason="red team round 18")
+@pytest.mark.parametrize("cut", sorted(CUTS))
 def test_a_column_index_max_raised_by_its_last_valid_byte_publishes_as_its_jsonl(
-    tiny_tokenizer, tmp_path
+    tiny_tokenizer, tmp_path, cut
 ):
     """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; docs/
-    BOUNDS.md, Parquet body: files of 'DataFusion (arrow-rs ...)' account for their bodies; the
-    rule since round 17: a real writer's file reads as its JSONL twin). Round 17 accepted a
-    max truncated at a character and raised by ONE CODE POINT, as arrow-rs raises it today
-    (paths._unraised lowers the last byte or the last character). arrow-rs releases before that
-    (DataFusion, delta-rs, polars of 2023-24, default column_index_truncate_length 64) raised
-    the last byte that keeps the string valid UTF-8: a string whose 64th byte is a trailing
-    0xBF has its middle byte raised (U+4E3F -> U+4E7F, not U+4E40). Such a file is refused
-    whole ('statistics ... are bytes its values do not hold'), its JSONL twin publishes. Fixed
-    by construction in paths._Chunk.holds: accept a max that sorts at or above a prefix of a
-    value the page holds and differs from that prefix only in its last character (the
-    comparison every truncating writer guarantees), not one list of raised forms per writer."""
-    records = _records()
+    BOUNDS.md, Parquet body: a max 'truncated as writers truncate one'; the rule since round 17:
+    a real writer's file reads as its JSONL twin). Round 17 accepted a UTF-8 max cut at a
+    character and raised by ONE CODE POINT (paths._unraised lowers the last byte or the last
+    character), saying parquet-mr raises it so; but parquet-mr (Spark, Hive: column indexes on by
+    default since 1.11, 64 bytes) raises the last BYTE that keeps the string valid UTF-8, as
+    arrow-rs did before it raised characters: a max whose last kept character ends in 0xBF
+    (1 in 64 CJK ideographs) or is DEL has an earlier byte raised. Such a file is refused whole
+    (a damaged_file letter: 'statistics ... are bytes its values do not hold'), its JSONL twin
+    publishes. Fixed by construction in paths._Chunk.holds: accept a max that sorts above a
+    prefix of a value the page holds and shares all but its last one or two characters with
+    it (what every truncating writer guarantees: the max bounds the values), not one list of
+    raised forms per writer."""
+    longest, written_max = CUTS[cut]
+    records = _records(longest)
     (tmp_path / "salt").write_text(SALT)
     flags = ("--block-size", "4", "--salt-file", str(tmp_path / "salt"))
     log = write_jsonl(tmp_path / "log.jsonl", records)
     parquet = tmp_path / "log.parquet"
-    parquet.write_bytes(_with_note_index_max(records, BYTE_RAISED_MAX))
+    parquet.write_bytes(_with_note_index_max(records, longest, written_max))
     assert anonymize(tiny_tokenizer, [log], tmp_path / "jsonl", *flags) == 0
     assert anonymize(tiny_tokenizer, [parquet], tmp_path / "parquet", *flags) == 0
     assert trace(tmp_path / "parquet") == trace(tmp_path / "jsonl")
