@@ -524,11 +524,12 @@ def forget_on_exit(path: str) -> None:
 
 def remove_leftovers() -> None:
     """At a hard end: remove what this process's run made and has not removed (links are
-    removed, never followed), what a folder holds before the folder. The caller makes sure no
-    publication is under way."""
+    removed, never followed), what a folder holds before the folder, and last the folders it
+    made (run_folders) that are left empty. The caller makes sure no publication is under
+    way."""
     if _LEFTOVERS_OWNER[0] == os.getpid():
         _remove_registered()
-    _remove_made(_MADE.get(os.getpid(), []))  # last: what the run made in them has gone
+    _remove_made(_MADE.get(os.getpid(), []))
 
 
 def _remove_registered() -> None:
