@@ -185,7 +185,7 @@ def make_folder(path: str, private: bool = False) -> None:
     if is_url(path):
         return
     if not private:
-        os.makedirs(path, exist_ok=True)
+        _make_missing(path)
         return
     if _make_owner_only(path):
         _mark_private(path)
@@ -203,20 +203,35 @@ def make_parent(path: str, private: bool = False) -> None:
     if private:
         _make_owner_only(parent)
     else:
-        os.makedirs(parent, exist_ok=True)
+        _make_missing(parent)
 
 
 def _make_owner_only(path: str) -> bool:
     """The missing folders of path made, each owner-only, not just the last (as os.makedirs
     would leave them under the umask); an existing parent is the user's: left as it is.
     Returns whether path was missing."""
+    return _make_missing(path, PRIVATE_FOLDER)
+
+
+def _make_missing(path: str, mode: int | None = None) -> bool:
+    """The one maker of local folders: path's missing folders made, outermost first (mode:
+    each made exactly so, whatever the umask), each one made noted for the run's exit
+    (run_folders). An existing folder, or one another process makes meanwhile, is not this
+    run's: left as it is. Returns whether path was missing."""
     missing = []
     while path and not os.path.isdir(path):
         missing.append(path)
         path = os.path.dirname(path)
     for folder in reversed(missing):
-        os.makedirs(folder, mode=PRIVATE_FOLDER, exist_ok=True)
-        os.chmod(folder, PRIVATE_FOLDER)
+        try:
+            os.mkdir(folder, 0o777 if mode is None else mode)
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+            continue
+        if mode is not None:
+            os.chmod(folder, mode)
+        _note_made(folder)
     return bool(missing)
 
 
@@ -509,10 +524,15 @@ def forget_on_exit(path: str) -> None:
 
 def remove_leftovers() -> None:
     """At a hard end: remove what this process's run made and has not removed (links are
-    removed, never followed), what a folder holds before the folder. The caller makes sure no
-    publication is under way."""
-    if _LEFTOVERS_OWNER[0] != os.getpid():
-        return
+    removed, never followed), what a folder holds before the folder, and last the folders it
+    made (run_folders) that are left empty. The caller makes sure no publication is under
+    way."""
+    if _LEFTOVERS_OWNER[0] == os.getpid():
+        _remove_registered()
+    _remove_made(_MADE.get(os.getpid(), []))
+
+
+def _remove_registered() -> None:
     for path, (still_ours, only_if_empty) in sorted(_LEFTOVERS.items(), reverse=True):
         if still_ours is not None and not still_ours():
             continue
@@ -525,3 +545,42 @@ def remove_leftovers() -> None:
                 os.remove(path)
             except OSError:
                 pass
+
+
+# The folders a run made (_make_missing), in the order made (the deepest of each path last),
+# by the process whose run it is: a forked child's, made inside its parent's, are never noted.
+_MADE: dict[int, list[str]] = {}
+
+
+@contextmanager
+def run_folders() -> Iterator[None]:
+    """A run's missing folders (its outputs' parents, its dead-letter folder's, a new id map's):
+    kept if the run ends without an error (it published), removed, deepest first and only
+    while empty, on every exit that raises (a failure, a refusal, a stop) and at a hard end
+    (remove_leftovers), so a run that publishes nothing leaves the operator's folders as they
+    were. A folder the run did not make is never touched. Nested runs are the outer one's."""
+    if os.getpid() in _MADE:
+        yield
+        return
+    made = _MADE[os.getpid()] = []
+    try:
+        yield
+    except BaseException:
+        _remove_made(made)
+        raise
+    finally:
+        del _MADE[os.getpid()]
+
+
+def _note_made(folder: str) -> None:
+    made = _MADE.get(os.getpid())
+    if made is None:  # no run's: nothing to remove it on
+        return
+    if len(made) >= MAX_LEFTOVERS:  # a stream makes one staging folder per window
+        made[:] = [f for f in made if os.path.isdir(f)]
+    made.append(os.path.abspath(folder))
+
+
+def _remove_made(made: list[str]) -> None:
+    for folder in reversed(made):
+        remove_empty_folder(folder)

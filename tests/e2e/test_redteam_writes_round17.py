@@ -65,7 +65,6 @@ def test_a_beam_child_dying_as_its_id_map_commit_stands_says_the_map_was_extende
     assert said and f"version 1 of the id map {id_map}" in said[-1], said
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 17")
 def test_a_stopped_night_leaves_no_folder_it_made_on_its_outputs_way(tiny_tokenizer, tmp_path):
     """A stop leaves nothing it made: "stopped: nothing published" and the folder as it was
     (round 14), as the id map's folders a run made go when it committed nothing

@@ -75,3 +75,31 @@ def test_a_private_outputs_missing_parents_are_owner_only_and_unmarked(tmp_path)
         assert made.stat().st_mode & 0o777 == 0o700
         assert not storage.is_private_folder(str(made))
     assert (tmp_path / "public").stat().st_mode & 0o777 == 0o775
+
+
+def test_a_run_that_raises_removes_the_folders_it_made_deepest_first_while_empty(tmp_path):
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(KeyboardInterrupt), storage.run_folders():
+        storage.make_folder(str(tmp_path / "mine" / "a" / "b"))
+        storage.make_parent(str(tmp_path / "kept" / "file"), private=True)
+        (tmp_path / "kept" / "file").write_text("a letter")
+        storage.make_folder(str(tmp_path / "letters" / "dead"), private=True)
+        raise KeyboardInterrupt  # a stop
+    # The user's folder stays, and a made one that holds something the run did not remove.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "mine"]
+    assert list((tmp_path / "mine").iterdir()) == []
+
+
+def test_a_run_that_ends_without_an_error_keeps_the_folders_it_made(tmp_path):
+    with storage.run_folders():
+        storage.make_folder(str(tmp_path / "night" / "out"))
+    assert (tmp_path / "night" / "out").is_dir()
+
+
+def test_a_hard_end_removes_the_folders_the_run_made_while_empty(tmp_path):
+    with storage.run_folders():
+        storage.make_folder(str(tmp_path / "night" / "out"), private=True)
+        storage.make_folder(str(tmp_path / "full"))
+        (tmp_path / "full" / "published").write_text("")
+        storage.remove_leftovers()  # as the CLI's stop deadline calls it
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]

@@ -1324,7 +1324,7 @@ class DeadLetterRun:
         self.made_folder = False  # by begin: removed again if the run publishes no letter
         self.pointer: str | None = None  # by begin, where the output's identity is kept
         if not is_url(output):  # as its lock makes it: the folder's identity keys the letters
-            os.makedirs(os.path.dirname(written_place(output)), exist_ok=True)
+            storage.make_folder(os.path.dirname(written_place(output)))
         self.staging = _letters_staging(self.folder, output, run_id)
 
     @property

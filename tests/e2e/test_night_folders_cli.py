@@ -1,0 +1,54 @@
+"""A night's missing folders (its output's and its dead letters' parents): a night that
+publishes nothing (refused by the rejected fraction, on either engine) leaves the operator's
+folder as it was; one that publishes keeps them (storage.run_folders)."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import kvtrace_child, night_args
+
+pytestmark = pytest.mark.slow
+
+# SIGTERM as the Beam engine's parent opens its output's staging folder: before any work.
+_STOP_AS_THE_OUTPUT_IS_STAGED = """
+import os, signal
+_open = os.open
+def _open_then_stop(path, *args, **kwargs):
+    handle = _open(path, *args, **kwargs)
+    if ".kvtrace-staging-" in str(path):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return handle
+os.open = _open_then_stop
+"""
+
+
+@pytest.mark.parametrize(
+    "engine", ["local", pytest.param("beam", marks=pytest.mark.beam)], ids=["local", "beam"]
+)
+def test_a_refused_night_leaves_no_folder_it_made(tiny_tokenizer, tmp_path, engine):
+    out, letters = tmp_path / "night" / "out", tmp_path / "letters" / "dead"
+    night = night_args(tmp_path, tiny_tokenizer, out, "--dead-letter", str(letters))
+    refused = kvtrace_child(*night, "--engine", engine, "--max-rejected-fraction", "0", timeout=300)
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "salt"]
+
+
+@pytest.mark.beam
+def test_a_stopped_beam_night_leaves_no_folder_it_made(tiny_tokenizer, tmp_path):
+    out, letters = tmp_path / "night" / "out", tmp_path / "letters" / "dead"
+    night = night_args(tmp_path, tiny_tokenizer, out, "--dead-letter", str(letters))
+    stopped = kvtrace_child(
+        *night, "--engine", "beam", prelude=_STOP_AS_THE_OUTPUT_IS_STAGED, timeout=300
+    )
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "salt"]
+
+
+def test_a_published_night_keeps_the_folders_it_made(tiny_tokenizer, tmp_path):
+    out, letters = tmp_path / "night" / "out", tmp_path / "letters" / "dead"
+    night = night_args(tmp_path, tiny_tokenizer, out, "--dead-letter", str(letters))
+    published = kvtrace_child(*night, timeout=300)
+    assert published.returncode == 0, published.stderr[-2000:]
+    assert (out / "manifest.json").is_file()
+    assert [p.name.startswith("rejected-") for p in letters.iterdir()] == [True]
