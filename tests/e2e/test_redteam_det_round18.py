@@ -76,7 +76,6 @@ def _with_note_index_max(records: list[dict], longest: str, written_max: str) ->
     return with_parquet_footer(body, footer)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 @pytest.mark.parametrize("cut", sorted(CUTS))
 def test_a_column_index_max_raised_by_its_last_valid_byte_publishes_as_its_jsonl(
     tiny_tokenizer, tmp_path, cut

@@ -906,18 +906,32 @@ class _ChunkValues:
 
 
 def _unraised(value: bytes, text: bool) -> tuple[bytes, ...]:
-    """A bound's forms before a writer may have truncated it: itself (a min, or a max, cut to
-    bytes the page holds), and a max whose last byte was raised by one (parquet-mr's binary
-    column index), its last byte lowered; of a UTF-8 column (`text`), also one whose last
-    character was raised by one code point (arrow-rs, parquet-mr: a max cut at a character),
-    that character lowered (past the surrogates, which UTF-8 does not encode)."""
+    """A bound's forms before a writer may have truncated it, each fully determined by the
+    bound (at most 10): itself (a min, or a max cut to bytes the page holds); a max with one
+    byte of its last two characters (8 bytes at most) raised by one, that byte lowered and those
+    after it kept (parquet-mr raises the last byte that leaves valid UTF-8, so an earlier one
+    when the last cannot rise: U+4E3F's E4 B8 BF to E4 B9 BF, `z` + DEL to `{` + DEL); one
+    carried (parquet-mr, arrow-rs over bytes: trailing 0xFF become 0x00 and the byte before
+    them rises), its last nonzero byte lowered and the zeros after it 0xFF again; of a UTF-8
+    column (`text`), one whose last character was raised by one code point (arrow-rs: a max
+    cut at a character), that character lowered (past the surrogates, which UTF-8 does not
+    encode)."""
     forms = [value]
-    if value[-1]:
-        forms.append(value[:-1] + bytes([value[-1] - 1]))
+    window = _character_start(value, _character_start(value, len(value)))
+    forms += [
+        value[:at] + bytes([value[at] - 1]) + value[at + 1 :]
+        for at in range(len(value) - 1, window - 1, -1)
+        if value[at]
+    ]
+    carried = len(value.rstrip(b"\x00"))
+    if 0 < carried < len(value):
+        forms.append(
+            value[: carried - 1]
+            + bytes([value[carried - 1] - 1])
+            + b"\xff" * (len(value) - carried)
+        )
     if text:
-        start = len(value) - 1
-        while start > 0 and len(value) - start < 4 and 0x80 <= value[start] < 0xC0:
-            start -= 1
+        start = _character_start(value, len(value))
         try:
             point = ord(value[start:].decode("utf-8")) - 1
         except (UnicodeDecodeError, TypeError):  # not one character
@@ -926,6 +940,15 @@ def _unraised(value: bytes, text: bool) -> tuple[bytes, ...]:
             point = 0xD7FF if 0xD800 <= point < 0xE000 else point
             forms.append(value[:start] + chr(point).encode("utf-8"))
     return tuple(dict.fromkeys(forms))
+
+
+def _character_start(value: bytes, end: int) -> int:
+    """Where the UTF-8 character ending before `end` starts: back over continuation bytes, 3
+    at most (of any bytes, a position 1 to 4 bytes back, never below 0)."""
+    start = max(end - 1, 0)
+    while start > 0 and end - start < 4 and 0x80 <= value[start] < 0xC0:
+        start -= 1
+    return start
 
 
 def _check_offset_index(offset: int, index: dict[int, Any], pages: list[Page]) -> None:

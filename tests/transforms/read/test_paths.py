@@ -624,10 +624,52 @@ def test_a_truncated_max_is_held_as_the_value_before_its_last_byte_or_character_
     byte one less (binary), or of a UTF-8 column its last character one code point less (the
     UTF-8 of U+4E40 differs from U+4E3F's in two bytes), past the surrogates."""
     raised = ("z" * 3 + "\u4e40").encode()
-    assert _unraised(raised, False) == (raised, raised[:-1] + b"\x7f")
+    assert raised[:-1] + b"\x7f" in _unraised(raised, False)
+    assert ("z" * 3 + "\u4e3f").encode() not in _unraised(raised, False)
     assert ("z" * 3 + "\u4e3f").encode() in _unraised(raised, True)
     assert _unraised("\ue000".encode(), True)[-1] == "\ud7ff".encode()
-    assert _unraised(b"a\x00", True) == (b"a\x00",)  # nothing below a zero byte, or U+0000
+    assert _unraised(b"a\x00", True) == (b"a\x00", b"`\x00", b"`\xff")  # never below a zero
+
+
+@pytest.mark.parametrize(
+    "original, written",
+    [
+        ("zz\u4e3f", "zz\u4e7f"),  # parquet-mr: BF cannot rise, B8 does (E4 B9 BF)
+        ("zz\x7f", "z{\x7f"),  # parquet-mr: DEL cannot rise to 0x80, the byte before does
+        ("zz\u07ff", "z{\u07ff"),  # parquet-mr: DF BF -> E0 BF is no character
+        ("zz\u4fff", "zz\u5fff"),  # parquet-mr: E4 BF BF -> E5 BF BF
+        ("zy", "zz"),  # a last byte raised (parquet-mr, arrow-rs over bytes)
+        ("z\u4e3f", "z\u4e40"),  # arrow-rs: the last code point raised
+    ],
+    ids=["cjk-bf", "del", "u07ff", "u4fff", "byte", "code-point"],
+)
+def test_each_writers_truncated_max_is_unraised_to_its_original(original, written):
+    """Each writer's raised max, parquet-mr's BinaryTruncator (the last byte that leaves
+    valid UTF-8 raised, bytes after it kept) and arrow-rs's (the last character raised one
+    code point), yields the bytes it was raised from among its forms."""
+    assert original.encode() in _unraised(written.encode(), True)
+
+
+def test_a_binary_max_raised_with_a_carry_is_unraised_over_its_zeros():
+    """Bytes that are no UTF-8 are raised with a carry (trailing 0xFF become 0x00, the byte
+    before them rises), however many: the zeros are 0xFF again, the raised byte lowered."""
+    assert b"a\xff" in _unraised(b"b\x00", False)
+    assert b"\x80a" + b"\xff" * 12 in _unraised(b"\x80b" + b"\x00" * 12, False)
+
+
+@pytest.mark.parametrize(
+    "value", ["z" * 70, "z" * 60 + "\U0010ffff\U0010ffff", "z" * 60 + "\u4e40\u4e40", "\xff" * 70]
+)
+def test_a_bounds_forms_are_few_and_differ_only_in_its_last_characters(value):
+    """However long the bound, at most 10 forms, each of its length (one code point lowered
+    may shorten it) and each its bytes but for the last two characters' (or a carry's 0xFF):
+    a max that was no truncation is not unraised into arbitrary bytes, nothing left free."""
+    for raw in (value.encode(), value.encode("latin-1", "replace")):
+        forms = _unraised(raw, True)
+        assert 1 <= len(forms) <= 10 and forms[0] == raw
+        for form in forms[1:]:
+            assert form[: len(raw) - 8] == raw[: len(raw) - 8] and form != raw
+            assert len(raw) - 2 <= len(form) <= len(raw)
 
 
 @pytest.mark.parametrize(
