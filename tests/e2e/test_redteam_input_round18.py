@@ -1,0 +1,91 @@
+"""Red team round 18, hostile input: reproducers of the holes found past the round-1..17 fixes
+(test_redteam_input*.py). Each asserts the promised behaviour (bad input: a one-line error or a
+dead letter saying why, never a crash, a hang or memory that grows without bound; nothing lost:
+read = exported + rejected) and fails today (2026-11-28)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from helpers import (
+    CLEAN_CHAT_MS,
+    anonymize,
+    chat,
+    parquet_footer,
+    read_jsonl,
+    thrift_decode,
+    thrift_encode,
+    thrift_field,
+    trace,
+    with_parquet_footer,
+    write_jsonl,
+)
+
+pytestmark = pytest.mark.slow
+
+MAX_RECORD_BYTES = 16_384  # the reader's page ceiling is twice this
+
+
+def _group_behind_a_stored_tail(tmp_path: Path) -> Path:
+    """Six chats with a last column `zz` ("a", "b"), uncompressed, in two row groups of three.
+    Row group 1's bytes are appended to row group 0's `zz` data page, with zeros past the
+    ceiling (2 x MAX_RECORD_BYTES): the page header's compressed_page_size (what is stored)
+    grown to match, its uncompressed_page_size left as written; the footer lists row group 0
+    alone. Arrow reads the page's 3 values from its first bytes and never the rest."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    rows = [{**chat(i, 1_000 * i), "zz": "ab"[i % 2]} for i in range(6)]
+    pq.write_table(pa.Table.from_pylist(rows), buffer, 3, compression="NONE")
+    data = buffer.getvalue()
+    metadata = pq.ParquetFile(io.BytesIO(data)).metadata
+    later = metadata.row_group(1)
+    chunks = [later.column(c) for c in range(later.num_columns)]
+    start = min(c.dictionary_page_offset or c.data_page_offset for c in chunks)
+    hidden = data[start : max(c.data_page_offset + c.total_compressed_size for c in chunks)]
+    page = metadata.row_group(0).column(later.num_columns - 1).data_page_offset
+    header, payload_at = thrift_decode(data, page)
+    end = payload_at + thrift_field(header, 3)[2]
+    payload = data[payload_at:end] + hidden + bytes(3 * MAX_RECORD_BYTES)
+    thrift_field(header, 3)[2] = len(payload)  # compressed_page_size alone
+    grown = thrift_encode(header) + payload
+    footer, _ = parquet_footer(data)
+    groups = thrift_field(footer, 4)[2][1]
+    del groups[1]
+    thrift_field(footer, 3)[2] = 3  # num_rows, as the list now gives it
+    column = thrift_field(thrift_field(groups[0], 1)[2][1][-1], 3)[2]
+    assert thrift_field(column, 3)[2][1] == [b"zz"]
+    for field in (6, 7):  # total_uncompressed_size, total_compressed_size
+        thrift_field(column, field)[2] += len(grown) - (end - page)
+    source = tmp_path / "log.parquet"
+    source.write_bytes(with_parquet_footer(data[:page] + grown + data[end:start], footer))
+    assert pq.read_table(source).num_rows == 3  # Arrow reads it, the tail unread
+    return source
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 18")
+def test_a_row_group_behind_a_pages_stored_tail_past_the_ceiling_loses_none_silently(
+    tiny_tokenizer, tmp_path
+):
+    """Nothing lost. paths._check_chunks leaves a page's payload unchecked when
+    max(page.size, page.stored) is over the ceiling (2 x --max-record-bytes), trusting that
+    oversized_pages refuses its group when it is read; but oversized_pages (_check_ceiling)
+    looks at page.size (uncompressed) alone. A page whose stored bytes are over the ceiling
+    and whose uncompressed size is not is neither checked nor refused: row group 1 left out
+    of the footer and appended to row group 0's `zz` data page (compressed_page_size grown,
+    uncompressed_page_size as written, codec UNCOMPRESSED): exit 0, "4 read = 4 exported",
+    no letter, three chats gone. The same page under the ceiling is a damaged_file letter."""
+    source = _group_behind_a_stored_tail(tmp_path)
+    clean = tmp_path / "clean.jsonl"
+    write_jsonl(clean, [chat(6, CLEAN_CHAT_MS)])
+    out = tmp_path / "out"
+    extra = ("--max-rejected-fraction", "1", "--max-record-bytes", str(MAX_RECORD_BYTES))
+    assert anonymize(tiny_tokenizer, [source, clean], out, *extra, "--quiet") == 0
+    letters = Path(f"{out}-rejected").glob("rejected-*.jsonl")
+    errors = {record["error"] for path in letters for record in read_jsonl(path)}
+    published = sorted(row["timestamp"] for row in trace(out))
+    assert published == [*(1_000 * i for i in range(6)), CLEAN_CHAT_MS] or "damaged_file" in errors
