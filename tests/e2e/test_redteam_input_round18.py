@@ -89,3 +89,63 @@ def test_a_row_group_behind_a_pages_stored_tail_past_the_ceiling_loses_none_sile
     errors = {record["error"] for path in letters for record in read_jsonl(path)}
     published = sorted(row["timestamp"] for row in trace(out))
     assert published == [*(1_000 * i for i in range(6)), CLEAN_CHAT_MS] or "damaged_file" in errors
+
+
+def _many_pages_over_one_dictionary(tmp_path: Path, rows: int) -> Path:
+    """`rows` chats with a last column `zz` of distinct strings, dictionary-encoded, one data
+    page a row (pyarrow's documented data_page_size and write_batch_size, at 1), so every
+    page's statistics are one distinct value of one dictionary of `rows` entries."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = [{**chat(i, 1_000 * i), "zz": f"{'A' * 64}{i:08d}"} for i in range(rows)]
+    source = tmp_path / "log.parquet"
+    pq.write_table(
+        pa.Table.from_pylist(table),
+        source,
+        compression="zstd",
+        data_page_size=1,
+        write_batch_size=1,
+        use_dictionary=["zz"],
+    )
+    metadata = pq.ParquetFile(source).metadata
+    chunk = metadata.row_group(0).column(metadata.num_columns - 1)
+    assert chunk.has_dictionary_page and pq.read_table(source).num_rows == rows
+    return source
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 18")
+def test_page_statistics_over_a_dictionary_cost_its_bytes_a_bounded_number_of_times(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Bounded CPU. _ChunkValues.holds looks each distinct page bound up by a substring search
+    of the chunk's whole decompressed dictionary (_starts_an_entry): a dictionary-encoded page
+    holds indices, never its bound's bytes, so every page of a chunk pays a search of the
+    dictionary, and a chunk of P pages over a dictionary of D bytes costs P x D, quadratic in
+    the file. Written by pyarrow with documented settings (one page a row). Measured on
+    today's code, paths.parquet_file alone on chats with 1,008-byte `zz` values: 6,000 rows
+    (15 MB) 12 s, 12,000 rows (30 MB) 47 s, four times the time for twice the file, where
+    reading its JSONL twin is linear. Asserted without a clock: the dictionary bytes searched
+    stay within a few times the dictionary's size."""
+    from transforms.read import paths
+    from transforms.read.records import DEFAULT_MAX_RECORD_BYTES
+
+    searched: list[int] = []
+    looked_up = paths._ChunkValues._starts_an_entry
+
+    def counting(self, value: bytes, forms: tuple[bytes, ...]) -> bool:
+        if value not in self._in_entries:
+            searched.append(sum(len(self.data(p)) for p in self.pages if not p.version))
+        return looked_up(self, value, forms)
+
+    rows = 1_000
+    source = _many_pages_over_one_dictionary(tmp_path, rows)
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [source], out, "--quiet") == 0  # read whole, once
+    assert len(trace(out)) == rows
+    # counted where the CLI's workers (started clean under pytest) cannot be patched
+    monkeypatch.setattr(paths._ChunkValues, "_starts_an_entry", counting)
+    with paths.parquet_file(str(source), DEFAULT_MAX_RECORD_BYTES):
+        pass
+    dictionary = rows * (4 + 72)  # PLAIN: a 4-byte length before each 72-byte entry
+    assert sum(searched) <= 4 * dictionary
