@@ -12,9 +12,11 @@ import pytest
 
 from helpers import (
     CLEAN_CHAT_MS,
+    KVTRACE,
     anonymize,
     chat,
     parquet_footer,
+    peak_rss_mb,
     read_jsonl,
     thrift_decode,
     thrift_encode,
@@ -149,3 +151,55 @@ def test_page_statistics_over_a_dictionary_cost_its_bytes_a_bounded_number_of_ti
         pass
     dictionary = rows * (4 + 72)  # PLAIN: a 4-byte length before each 72-byte entry
     assert sum(searched) <= 4 * dictionary
+
+
+def _dictionary_pages(tmp_path: Path, copies: int, page_bytes: int) -> Path:
+    """Two chats with a last column `zz` ("a", "b"), dictionary-encoded, zstd, `copies`
+    dictionary pages put before its own: each one empty entry `page_bytes` long (zeros, a
+    few hundred bytes compressed), at the ceiling, not over it; the chunk's footer entry grown
+    to hold them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    rows = [{**chat(i, 1_000 * i), "zz": "ab"[i % 2]} for i in range(2)]
+    pq.write_table(pa.Table.from_pylist(rows), buffer, compression="zstd", use_dictionary=["zz"])
+    data = buffer.getvalue()
+    metadata = pq.ParquetFile(io.BytesIO(data)).metadata
+    start = metadata.row_group(0).column(metadata.num_columns - 1).dictionary_page_offset
+    entry = (page_bytes - 4).to_bytes(4, "little") + bytes(page_bytes - 4)  # PLAIN: length, bytes
+    payload = pa.compress(entry, "zstd", asbytes=True)
+    dictionary = [[1, 5, 1], [2, 5, 0]]  # DictionaryPageHeader: one value, PLAIN
+    header = [[1, 5, 2], [2, 5, page_bytes], [3, 5, len(payload)], [7, 12, dictionary]]
+    pages = (thrift_encode(header) + payload) * copies
+    footer, body = parquet_footer(data)
+    chunk = thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][-1]
+    column = thrift_field(chunk, 3)[2]
+    for field in (6, 7, 9):  # total_uncompressed_size, total_compressed_size, data page offset
+        thrift_field(column, field)[2] += len(pages)
+    source = tmp_path / f"dictionaries-{copies}.parquet"
+    source.write_bytes(with_parquet_footer(body[:start] + pages + body[start:], footer))
+    return source
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 18")
+def test_dictionary_pages_of_one_chunk_cost_no_memory_past_one(tiny_tokenizer, tmp_path):
+    """Bounded memory. The page walk (paths._pages) takes any number of dictionary pages in a
+    chunk (the format allows one, first; Arrow refuses a second), and _ChunkValues.data keeps
+    every dictionary page it decompresses while _starts_an_entry decompresses them all at
+    once to look a page's bound up: a chunk of K dictionary pages at the ceiling
+    (2 x --max-record-bytes, each a few hundred bytes zstd) holds K x the ceiling before any
+    row is read. Measured on today's code, default --max-record-bytes: a 23 KB file of 20 such
+    pages, anonymize peaks at 858 MB (then letters the group too_large); 40 pages: parquet_file
+    alone 1.38 GB: 32 MiB more a kilobyte of file. The same chunk with one such page costs
+    one ceiling; a hundred (today 91 MB, 287 MB at 1 MiB) must not cost more."""
+    extra = ("--max-rejected-fraction", "1", "--max-record-bytes", str(1 << 20), "--quiet")
+    peaks = []
+    for copies in (1, 100):
+        source = _dictionary_pages(tmp_path, copies, 2 << 20)
+        out = tmp_path / f"out-{copies}"
+        command = [*KVTRACE, "anonymize", "--tokenizer", tiny_tokenizer, "--output", str(out)]
+        code, peak_mb, stderr = peak_rss_mb([*command, "--input", str(source), *extra])
+        assert code in (0, 1) and "Traceback" not in stderr
+        peaks.append(peak_mb)
+    assert peaks[1] <= peaks[0] + 32, peaks
