@@ -30,6 +30,7 @@ from kvtrace.commands import analyze, anonymize, cache, check, convert, id_map, 
 from kvtrace.commands.common import BeamFlags, Parser
 from kvtrace.options import refuse_stray_words
 from kvtrace.pipelines.processes import STOP_SIGNALS, end_descendants, quiet_thread
+from kvtrace.transforms import storage
 from kvtrace.transforms.encode.salt import SaltError
 from kvtrace.transforms.errors import ConfigError, IdMapError, JobStopped
 from kvtrace.transforms.write import interrupts
@@ -345,7 +346,9 @@ def _run(
     try:
         _refuse_misspelled(args.command, leftovers, parser)
         refuse_stray_words(_stray_words(leftovers))
-        code = run(args, BeamFlags(leftovers, _our_flags(parser)))
+        # A command that publishes nothing (failed, refused, stopped) leaves no folder it made.
+        with storage.run_folders():
+            code = run(args, BeamFlags(leftovers, _our_flags(parser)))
     except BrokenPipeError:  # stdout's reader left: main ends quietly, as `| head` expects
         raise
     except OSError as err:

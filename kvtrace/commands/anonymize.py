@@ -555,14 +555,6 @@ def _check_capture(options: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from kvtrace.transforms import storage
-
-    # A night that publishes nothing (failed, refused, stopped) leaves no folder it made.
-    with storage.run_folders():
-        return _run(args, beam_args)
-
-
-def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     started = time.monotonic()
     if args.quiet:  # progress shows only with kvtrace's INFO lines (pipelines/progress.py)
         _LOG.setLevel(logging.WARNING)
