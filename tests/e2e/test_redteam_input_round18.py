@@ -129,8 +129,8 @@ def test_page_statistics_over_a_dictionary_cost_its_bytes_a_bounded_number_of_ti
     (15 MB) 12 s, 12,000 rows (30 MB) 47 s, four times the time for twice the file, where
     reading its JSONL twin is linear. Asserted without a clock: the dictionary bytes searched
     stay within a few times the dictionary's size."""
-    from transforms.read import paths
-    from transforms.read.records import DEFAULT_MAX_RECORD_BYTES
+    from kvtrace.transforms.read import paths
+    from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES
 
     searched: list[int] = []
     looked_up = paths._ChunkValues._starts_an_entry
