@@ -163,7 +163,8 @@ def read_range(
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     """(source, record) for every record of the range, a record being a JSONL line's bytes or a
     Parquet row's dict; a DeadLetter for each oversized record and for a file that breaks off
-    (the records before the break still come). Blank lines are not records. The source is the
+    (the records before the break still come), and last a Parquet file's share record
+    (RowShare: no record, tallied alone). Blank lines are not records. The source is the
     file's name as every letter shows it (dead_letters.shown_name; standard input's spooled
     copy as `-`, decompress.input_name), shown once here for both
     engines: Beam carries text between steps as UTF-8, and a Linux name need not be. withhold:
