@@ -190,6 +190,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     read_letters = (
         (read[DEAD_LETTER_TAG], joined[DEAD_LETTER_TAG])
         | "ReadRejected" >> beam.Flatten()
+        # a Parquet file's share (read/sources.RowShare) is tallied, no record
+        | "RecordsRejected" >> beam.Filter(lambda letter: letter.share is None)
         | "CountReadRejected" >> beam.combiners.Count.Globally()
     )
     gated = (

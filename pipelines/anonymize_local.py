@@ -280,6 +280,9 @@ def _encode(
     def requests() -> Iterator[Request]:
         nonlocal read
         for item in records:
+            if isinstance(item, DeadLetter) and item.share is not None:
+                rejected.add(item)  # a Parquet file's share (read/sources.RowShare): no record
+                continue
             read += 1
             if progress is not None:
                 progress.records()

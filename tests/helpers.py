@@ -895,3 +895,13 @@ def lmcache_lookup(seconds: float, request_id: str, token_ids: list[int], chunk_
         "shapes": [[2, 4, chunk_size, 8]],
         "chunk_hashes": [hex(h) for h in lmcache_builtin_chunk_hashes(token_ids, chunk_size)],
     }
+
+
+def records_of(piece, max_record_bytes: int) -> list:
+    """read_range's items but a Parquet file's share record (read/sources.RowShare): no record
+    nor letter, only tallied."""
+    from kvtrace.transforms.read.sources import read_range
+
+    return [
+        item for item in read_range(piece, max_record_bytes) if getattr(item, "share", None) is None
+    ]

@@ -52,6 +52,12 @@ class DeadLetter:
     # --max-rejected-fraction weighs them as well as the count of records, as one letter may
     # stand for many records' bytes.
     lost_bytes: int = 0
+    # A Parquet row's bytes as JSON (read/records.SizedLine): weighed in --max-rejected-fraction
+    # at its file's share (Tally), known once the whole file is read, so sized in one pass.
+    row_bytes: int = 0
+    # Set on the one share record of a Parquet file (read/sources.RowShare): (bytes as stored,
+    # bytes as JSON) of its rows read; no record, neither written nor counted, only tallied.
+    share: tuple[int, int] | None = None
     # Whether the record may hold an engine's raw block hashes: decided once, where the letter
     # is made, by the run (every letter of a capture run) or by the decoded record (a text
     # run's: read/captures.holds_engine_hashes), never by the line's bytes, which an escaped
@@ -81,6 +87,7 @@ class DeadLetter:
                 "line": self.line[:LETTER_LINE_BYTES].decode("utf-8", errors="backslashreplace"),
                 **_whole_line(self.line),
                 **({"lost_bytes": self.lost_bytes} if self.lost_bytes else {}),
+                **({"row_bytes": self.row_bytes} if self.row_bytes else {}),
             },
             ensure_ascii=False,
         )
@@ -118,31 +125,89 @@ def _whole_line(line: bytes) -> dict:
 @dataclass(frozen=True)
 class Tally:
     """What a run keeps in memory of its dead letters, however many: counts, the input bytes
-    they lost, and how many of each reason."""
+    they lost, and how many of each reason. Parquet rows' letters are summed per file as JSON
+    bytes (row_bytes), and each file's share (shares: its rows' bytes as stored and as JSON)
+    turns them into bytes as stored once every part is added: a row weighs its own size, its
+    file's rows together weigh the bytes they were read from, and no split or order of the
+    parts changes the sum."""
 
     count: int = 0
-    lost_bytes: int = 0
+    stored_lost: int = 0  # letters' lost_bytes
     reasons: tuple[tuple[str, int], ...] = ()  # (reason, count), sorted
+    row_bytes: tuple[tuple[str, int], ...] = ()  # (source, its row letters' row_bytes), sorted
+    shares: tuple[tuple[str, int, int], ...] = ()  # (source, stored, as JSON), sorted
 
     @classmethod
     def of(cls, letters: Iterable[DeadLetter]) -> Tally:
-        reasons: Counter[str] = Counter()
-        count = lost = 0
+        counts = _Counts()
         for letter in letters:
-            count, lost = count + 1, lost + letter.lost_bytes
-            reasons[letter.reason] += 1
-        return cls(count, lost, tuple(sorted(reasons.items())))
+            counts.add(letter)
+        return counts.tally
 
     def __add__(self, other: Tally) -> Tally:
         reasons = Counter(dict(self.reasons)) + Counter(dict(other.reasons))
+        rows = Counter(dict(self.row_bytes)) + Counter(dict(other.row_bytes))
+        shares: dict[str, tuple[int, int]] = {}
+        for source, stored, sized in self.shares + other.shares:
+            was = shares.get(source, (0, 0))
+            shares[source] = (was[0] + stored, was[1] + sized)
         return Tally(
             self.count + other.count,
-            self.lost_bytes + other.lost_bytes,
+            self.stored_lost + other.stored_lost,
             tuple(sorted(reasons.items())),
+            tuple(sorted(rows.items())),
+            tuple(sorted((source, *share) for source, share in shares.items())),
         )
+
+    @property
+    def lost_bytes(self) -> int:
+        """Input bytes as stored that became no record: letters' lost_bytes, and each file's
+        row letters' JSON bytes at its share, rounded up, never more than its rows' bytes (a
+        file with no share, never expected, weighs its rows' JSON bytes: more, never less)."""
+        shares = {source: (stored, sized) for source, stored, sized in self.shares}
+        lost = self.stored_lost
+        for source, sized_lost in self.row_bytes:
+            stored, sized = shares.get(source, (sized_lost, sized_lost))
+            lost += min(-(-sized_lost * stored // max(sized, 1)), stored)
+        return lost
 
     def of_reason(self, reason: str) -> int:
         return dict(self.reasons).get(reason, 0)
+
+
+class _Counts:
+    """A Tally as letters come, one at a time (Tally.of, SortedRuns)."""
+
+    def __init__(self) -> None:
+        self.reasons: Counter[str] = Counter()
+        self.rows: Counter[str] = Counter()
+        self.shares: Counter[str] = Counter()  # source -> Tally.shares' pair, summed below
+        self.sized: Counter[str] = Counter()
+        self.count = self.lost = 0
+
+    def add(self, letter: DeadLetter) -> bool:
+        """Count a letter; False for a file's share record, which is no letter."""
+        if letter.share is not None:
+            self.shares[letter.source] += letter.share[0]
+            self.sized[letter.source] += letter.share[1]
+            return False
+        self.count, self.lost = self.count + 1, self.lost + letter.lost_bytes
+        self.reasons[letter.reason] += 1
+        if letter.row_bytes:
+            self.rows[letter.source] += letter.row_bytes
+        return True
+
+    @property
+    def tally(self) -> Tally:
+        return Tally(
+            self.count,
+            self.lost,
+            tuple(sorted(self.reasons.items())),
+            tuple(sorted(self.rows.items())),
+            tuple(
+                sorted((source, self.shares[source], self.sized[source]) for source in self.sized)
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -167,12 +232,11 @@ class SortedRuns:
         self._lines: list[bytes] = []
         self._held = 0
         self._files: list[str] = []
-        self._reasons: Counter[str] = Counter()
-        self._count = self._lost = 0
+        self._counts = _Counts()
 
     def add(self, letter: DeadLetter) -> None:
-        self._count, self._lost = self._count + 1, self._lost + letter.lost_bytes
-        self._reasons[letter.reason] += 1
+        if not self._counts.add(letter):
+            return
         line = letter.to_line()
         self._lines.append(line)
         self._held += len(line)
@@ -181,7 +245,7 @@ class SortedRuns:
 
     @property
     def tally(self) -> Tally:
-        return Tally(self._count, self._lost, tuple(sorted(self._reasons.items())))
+        return self._counts.tally
 
     def close(self) -> StagedLetters:
         """The runs written, and their tally."""
@@ -201,4 +265,5 @@ def merge_runs(
     (SortedRuns) and of more (a few held in memory: a stream window's), one line of each run
     held at a time (a letter's size is bounded: LETTER_LINE_BYTES) (at most fan_in runs open: more are merged in passes). The runs are removed
     once merged. Made even when there are none; returns path."""
-    return merge_files(staged.files, path, sorted(letter.to_line() for letter in more), fan_in)
+    lines = sorted(letter.to_line() for letter in more if letter.share is None)
+    return merge_files(staged.files, path, lines, fan_in)

@@ -69,10 +69,6 @@ def test_page_statistics_searched_in_a_large_dictionary_cost_no_more_than_the_fi
     assert _night_under_cpu(tiny_tokenizer, tmp_path, source, 10) == 0
 
 
-# Open (round 17): weighing a row by its size needs the group sized whole first, a second
-# pass over it that cost 35 MB more than round 6's bound on an 8 MiB record; rows weigh an
-# even share of their group until a one-pass weighting lands (docs/STATUS.md).
-@pytest.mark.xfail(strict=True, reason="red team round 17: open, rows weigh an even share")
 def test_a_parquet_row_wrapping_a_log_weighs_its_bytes(tiny_tokenizer, tmp_path):
     """Round 16's list response (a record wrapping a log: one letter) now weighs its bytes in
     a JSONL line and at its decoded share in a compressed file, but a Parquet row weighs its
@@ -96,6 +92,33 @@ def test_a_parquet_row_wrapping_a_log_weighs_its_bytes(tiny_tokenizer, tmp_path)
     out = tmp_path / "out"
     code = anonymize(tiny_tokenizer, [source], out, "--quiet")
     assert code != 0 and not (out / "manifest.json").exists()
+
+
+@pytest.mark.beam
+@pytest.mark.slow  # a Beam run: .ci/run runs the slow set
+def test_a_parquet_rows_letter_weighs_alike_on_both_engines(tiny_tokenizer, tmp_path, capsys):
+    """The fix of the reproducer above on both engines: the wrapper's letter carries its bytes
+    as JSON and the file's share record its rows' bytes (sources.RowShare), tallied at the
+    end; the share is no record (read = exported + rejected) and both engines weigh alike."""
+    import re
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    wrapped = {"object": "list", "data": [chat(i, 1_000 * i + 500) for i in range(50)]}
+    rows = [chat(i, 1_000 * i) for i in range(40)] + [wrapped]
+    source = tmp_path / "log.parquet"
+    pq.write_table(pa.Table.from_struct_array(pa.array(rows)), source)  # one group
+    said = {}
+    for engine in ("local", "beam"):
+        args = ("--max-rejected-fraction", "0.9", "--engine", engine)
+        assert anonymize(tiny_tokenizer, [source], tmp_path / engine, *args) == 0
+        said[engine] = "".join(capsys.readouterr())
+        assert "41 read = 40 exported + 1 rejected" in said[engine]
+    lost = [re.search(r"([\d,]+) input bytes became no record", said[e]) for e in said]
+    assert lost[0] and lost[1] and lost[0].group(1) == lost[1].group(1)
+    weighed, stored = int(lost[0].group(1).replace(",", "")), source.stat().st_size
+    assert 0.15 * stored < weighed < stored  # an even share of its one group: a 41st of it
 
 
 def test_dictionaries_with_entries_no_row_names_hold_no_memory_per_row_group(tmp_path):

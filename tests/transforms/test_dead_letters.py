@@ -49,6 +49,34 @@ def test_letters_are_counted_as_they_come(tmp_path):
     )
 
 
+def test_row_letters_weigh_their_files_share_whatever_the_split_and_are_no_letters_themselves(
+    tmp_path,
+):
+    """A Parquet row's letter carries its bytes as JSON (row_bytes); its file's share record
+    (stored, as JSON) turns them into bytes as stored once every part is added, so a tally of
+    parts, split anywhere and added in any order, weighs what the whole does; the share is
+    neither counted nor written, and a file's rows weigh its rows' bytes at most."""
+    rows = [DeadLetter("f.parquet", b"{}", "no_input", "x", row_bytes=n) for n in (10, 990)]
+    share = DeadLetter("f.parquet", b"", "row_share", "s", share=(100, 1_000))
+    other = DeadLetter("g.jsonl", b"{", "invalid_json", "x", lost_bytes=7)
+    letters = [*rows, share, other]
+    whole = Tally.of(letters)
+    assert (whole.count, whole.lost_bytes) == (3, 1 + 99 + 7)
+    for cut in range(len(letters) + 1):
+        assert Tally.of(letters[cut:]) + Tally.of(letters[:cut]) == whole
+    assert Tally.of([rows[1], share, share]).lost_bytes == 99  # a file read twice: same share
+    assert Tally.of([*rows, *rows, share]).lost_bytes == 100  # never more than its rows' bytes
+    runs = SortedRuns(str(tmp_path))
+    for item in letters:
+        runs.add(item)
+    staged = runs.close()
+    assert staged.tally == whole
+    merged = merge_runs(str(tmp_path / "letters.jsonl"), staged, [share])
+    written = [json.loads(line) for line in open(merged, encoding="utf-8")]
+    assert [line["error"] for line in written] == ["no_input", "no_input", "invalid_json"]
+    assert [line.get("row_bytes") for line in written] == [10, 990, None]
+
+
 def test_no_letters_no_run(tmp_path):
     assert SortedRuns(str(tmp_path)).close() == StagedLetters()
     assert not any(tmp_path.iterdir())

@@ -1144,6 +1144,7 @@ class SizedRows(NamedTuple):
     first: int
     rows: pa.RecordBatch | None  # rows within the bound, together within it; None: one over it
     size: int  # the rows' size as JSON, at least (arrow_sizes.py)
+    sizes: np.ndarray  # each row's, as size sums them (what its letter weighs: sources.RowShare)
 
 
 def sized_rows(
@@ -1175,7 +1176,8 @@ def sized_rows(
         for run in batches_by_weight(range(batch.num_rows), max_row_bytes, sizes.__getitem__):
             size = int(sizes[run].sum())
             within = size <= max_row_bytes  # over the weight: a run alone
-            yield SizedRows(read + run[0], batch.slice(run[0], len(run)) if within else None, size)
+            rows = batch.slice(run[0], len(run)) if within else None
+            yield SizedRows(read + run[0], rows, size, sizes[run[0] : run[0] + len(run)])
         read += batch.num_rows
 
 

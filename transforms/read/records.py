@@ -112,18 +112,31 @@ class Weighed:
 
 class StoredLine(Weighed, bytes):
     """A record's bytes with what they weigh (line_weight): a compressed file's line its
-    decoded bytes at its file's whole share (sources.read_range), a Parquet row's rendering its
-    row's share of its row group (sources.StoredRow), a joined Batch pair both its lines'
-    (batch_join.py)."""
+    decoded bytes at its file's whole share (sources.read_range), a joined Batch pair both its
+    lines' (batch_join.py)."""
 
     _PLAIN = bytes
 
 
+class SizedLine(StoredLine):
+    """A Parquet row's rendering, `stored` its row's bytes as JSON as they were sized before
+    decoding (sources.StoredRow): its letter weighs them at its file's share, known once the
+    file is read (dead_letters.Tally)."""
+
+
 def line_weight(line: bytes) -> int:
-    """The input bytes as stored a record's line stands for: what its letter weighs in
+    """The input bytes a record's line stands for: what its letter weighs in
     --max-rejected-fraction whatever it decodes to and whatever its reason (a line may wrap any
     number of records); a plain file's line its own bytes."""
     return line.stored if isinstance(line, StoredLine) else len(line)
+
+
+def letter_weight(line: bytes) -> dict[str, int]:
+    """A letter's weight fields for a record's line (line_weight): a Parquet row's as
+    `row_bytes`, weighed at its file's share once the file is read; any other's as
+    `lost_bytes`, bytes as stored."""
+    key = "row_bytes" if isinstance(line, SizedLine) else "lost_bytes"
+    return {key: line_weight(line)}
 
 
 @dataclass(frozen=True)
@@ -160,8 +173,8 @@ class Request:
             self.line,
             reason,
             message,
-            lost_bytes=line_weight(self.line),
             withhold=self._withheld(),
+            **letter_weight(self.line),
         )
 
     def _withheld(self) -> bool:

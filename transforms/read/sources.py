@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -53,10 +54,11 @@ from kvtrace.transforms.read.paths import (
 from kvtrace.transforms.read.records import (
     ParseOptions,
     Request,
+    SizedLine,
     StoredLine,
     Weighed,
     decode_value,
-    line_weight,
+    letter_weight,
     object_of,
     request_from_object,
     without_nulls,
@@ -161,7 +163,8 @@ def read_range(
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     """(source, record) for every record of the range, a record being a JSONL line's bytes or a
     Parquet row's dict; a DeadLetter for each oversized record and for a file that breaks off
-    (the records before the break still come). Blank lines are not records. The source is the
+    (the records before the break still come), and last a Parquet file's share record
+    (RowShare: no record, tallied alone). Blank lines are not records. The source is the
     file's name as every letter shows it (dead_letters.shown_name; standard input's spooled
     copy as `-`, decompress.input_name), shown once here for both
     engines: Beam carries text between steps as UTF-8, and a Linux name need not be. withhold:
@@ -276,18 +279,28 @@ def stored_weight(decoded: int, share: float) -> int:
 
 
 class StoredRow(Weighed, dict):
-    """A Parquet row, with what it weighs: its row group's bytes shared evenly among its rows
-    (a row's own bytes cannot be placed in compressed pages without decoding the group twice),
-    which every letter made of it weighs."""
+    """A Parquet row, with its bytes as JSON as sized before it was decoded (`stored`,
+    paths.sized_rows), which every letter made of it weighs at its file's share (RowShare): a
+    row's bytes cannot be placed in compressed pages, its size can, so a row wrapping a log
+    weighs what it holds."""
 
     _PLAIN = dict
 
 
-def row_share(metadata: pq.FileMetaData, group: int, stored: int) -> int:
-    """What one row of a row group weighs (StoredRow): the group's bytes as stored over its
-    rows, rounded up."""
-    rows = max(metadata.row_group(group).num_rows, 1)
-    return -(-group_stored_bytes(metadata, group, stored) // rows)
+@dataclass
+class RowShare:
+    """A Parquet file's rows read so far: the bytes as stored of their row groups and their
+    bytes as JSON. Its one share record (letter) ends the file's read: the tally weighs each
+    row letter's JSON bytes at stored over sized (dead_letters.Tally), so rows are sized once,
+    as they are read, and no group is sized whole before it."""
+
+    stored: int = 0
+    sized: int = 0
+
+    def letter(self, path: str) -> DeadLetter:
+        return DeadLetter(
+            path, b"", "row_share", "the share its rows weigh at", share=(self.stored, self.sized)
+        )
 
 
 def misnamed_form(path: str) -> str | None:
@@ -370,9 +383,11 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
     decoded: it is one too_large dead letter (_unread_group). Bytes of its body that its
     footer does not account for (a row group left out of its list) are one damaged_file
     letter weighing them, the listed groups read all the same. A file that cannot be read on
-    weighs its bytes not yet read as lost (unread_bytes)."""
+    weighs its bytes not yet read as lost (unread_bytes). Its rows' letters weigh their bytes
+    as JSON at its share (RowShare), which ends its letters, whether it is read whole or not."""
     stored = reached = 0  # the file's bytes as stored; those weighed or read so far
     stray: list[StrayBytes] = []
+    share = RowShare()
     try:
         with parquet_file(path, max_record_bytes, stray=stray) as (raw, parquet):
             stored = raw.seek(0, os.SEEK_END)
@@ -387,7 +402,7 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
                     yield _unread_group(path, parquet.metadata, group, first, why, stored)
                 else:
                     yield from _row_group(
-                        path, raw, parquet, group, first, max_record_bytes, stored
+                        path, raw, parquet, group, first, max_record_bytes, stored, share
                     )
                 first += parquet.metadata.row_group(group).num_rows
                 reached += group_stored_bytes(parquet.metadata, group, stored)
@@ -409,6 +424,8 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
                 stored or _range_stored_bytes(FileRange(path, 0, None)), reached
             ),
         )
+    if share.sized:
+        yield share.letter(path)
 
 
 def group_stored_bytes(metadata: pq.FileMetaData, group: int, stored: int) -> int:
@@ -427,18 +444,23 @@ def _row_group(
     first: int,
     max_record_bytes: int,
     stored: int,
+    share: RowShare,
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     """A row group's rows as every reader reads Parquet (paths.sized_rows), PARQUET_BATCH_ROWS
     at a time or fewer, each sized before it is turned into Python values: a row over
     max_record_bytes as JSON is a too_large dead letter, never decoded, and rows are decoded
-    a few at a time, at most max_record_bytes of them together. Where the group breaks, a
+    a few at a time, at most max_record_bytes of them together. Each row weighs its size
+    (StoredRow), added to the file's share with the group's bytes as stored once a row of it
+    is read (a group of no row weighs nothing of it). Where the group breaks, a
     dead letter weighing the group's bytes as stored (stored: the file's) as lost: its rows
     before the break cannot be placed in its compressed pages, and a loss weighs never less."""
     dense = without_views(parquet.schema_arrow)  # the rows' types, dictionaries decoded
-    weight = row_share(parquet.metadata, group, stored)
     read = 0
     try:
         for run in sized_rows(raw, parquet, group, max_record_bytes, PARQUET_BATCH_ROWS):
+            if run.first == 0:
+                share.stored += group_stored_bytes(parquet.metadata, group, stored)
+            share.sized += run.size
             if run.rows is None:
                 yield DeadLetter(
                     path,
@@ -446,10 +468,10 @@ def _row_group(
                     "too_large",
                     f"row {first + run.first} not decoded: {run.size} bytes as "
                     f"JSON at least, over --max-record-bytes {max_record_bytes}",
-                    lost_bytes=weight,
+                    row_bytes=run.size,
                 )
             else:
-                yield from _python_rows(path, run.rows, dense, first + run.first, weight)
+                yield from _python_rows(path, run.rows, dense, first + run.first, run.sizes)
             read = run.first + (1 if run.rows is None else run.rows.num_rows)
     except MemoryError:  # the process's state, not the file's
         raise
@@ -465,21 +487,21 @@ def _row_group(
 
 
 def _python_rows(
-    path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int, weight: int
+    path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int, sizes: np.ndarray
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     """Rows (sized already) as dicts: the one place Parquet values become Python values, each
     the JSON value of its text as its Arrow type decides (numbers.json_reader: a decimal, a
     narrow float, bytes). A value Arrow holds but Python cannot (a timestamp past year 9999, a
     decimal past its precision, a map with a key twice, bytes not UTF-8) fails its row alone:
     the rows are then converted one by one, and each that fails is a dead letter saying why,
-    numbered from `first`. Each row weighs `weight` (StoredRow)."""
+    numbered from `first`. Each row weighs its size in `sizes` (StoredRow)."""
     try:
         converted = _as_python(rows, dense)
     except CONVERSION_FAILURES:
         converted = None
     if converted is not None:
-        for row in converted:
-            yield path, StoredRow.weighing(without_nulls(row), weight)
+        for row, size in zip(converted, sizes.tolist(), strict=True):
+            yield path, StoredRow.weighing(without_nulls(row), size)
         return
     for index in range(rows.num_rows):
         try:
@@ -491,10 +513,10 @@ def _python_rows(
                 b"",
                 failed.reason,
                 f"row {first + index} has a value Python cannot hold: {failed.message}",
-                lost_bytes=weight,
+                row_bytes=int(sizes[index]),
             )
             continue
-        yield path, StoredRow.weighing(without_nulls(row), weight)
+        yield path, StoredRow.weighing(without_nulls(row), int(sizes[index]))
 
 
 def _as_python(rows: pa.RecordBatch, dense: pa.Schema) -> list[dict]:
@@ -574,11 +596,11 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             b"",
             "too_deep",
             "row nested too deep to serialize",
-            lost_bytes=getattr(record, "stored", 0),
+            row_bytes=getattr(record, "stored", 0),
             withhold=options.withholds_letters,
         )
     if isinstance(record, StoredRow):  # its rendering stands for the row's bytes as stored
-        line = StoredLine.weighing(line, record.stored)
+        line = SizedLine.weighing(line, record.stored)
     if not is_line and len(line) > options.max_record_bytes:  # a line's size is known sooner
         return DeadLetter(
             source,
@@ -586,8 +608,8 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             "too_large",
             f"row of {len(line)} bytes as JSON, over --max-record-bytes "
             f"{options.max_record_bytes}; `line` holds its first bytes only",
-            lost_bytes=line_weight(line),
             withhold=options.withholds(line, record),
+            **letter_weight(line),
         )
     value = None if is_line else record  # the record decoded, once it is
     try:
@@ -611,5 +633,5 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
         withhold=options.withholds(line, value),
         # A line may wrap any number of records (a JSON array, a list response's `data`, a
         # writer that left out newlines): whatever it decodes to, its letter weighs its bytes.
-        lost_bytes=line_weight(line),
+        **letter_weight(line),
     )

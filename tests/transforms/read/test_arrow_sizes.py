@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import records_of
 from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.read.arrow_sizes import (
     CONTAINER_BYTES,
@@ -20,7 +21,7 @@ from kvtrace.transforms.read.arrow_sizes import (
 )
 from kvtrace.transforms.read.paths import group_reader, parquet_file
 from kvtrace.transforms.read.records import CONTAINERS_BOUND_MULTIPLE, PARSED_CONTAINER_BYTES
-from kvtrace.transforms.read.sources import FileRange, read_range
+from kvtrace.transforms.read.sources import FileRange
 
 TEXT = st.one_of(st.none(), st.text(max_size=12))
 MESSAGE = st.one_of(st.none(), st.fixed_dictionaries({"role": TEXT, "content": TEXT}))
@@ -124,7 +125,7 @@ def test_rows_of_a_dictionary_bomb_over_the_bound_are_refused_undecoded(tmp_path
         pa.table({"prompt": pa.array(prompts).dictionary_encode()}), path, compression="zstd"
     )
     assert path.stat().st_size < 4096
-    read = list(read_range(FileRange(str(path), 0, None), 50_000))
+    read = list(records_of(FileRange(str(path), 0, None), 50_000))
     kept = [record for record in read if not isinstance(record, DeadLetter)]
     refused = [record for record in read if isinstance(record, DeadLetter)]
     assert kept == [(str(path), {"prompt": "small"})] * 2
@@ -149,7 +150,7 @@ def test_rows_within_the_bound_read_as_they_always_were(tmp_path):
     path = tmp_path / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(rows, SCHEMA), path, row_group_size=100)
     expected = [{k: v for k, v in row.items() if k != "tags"} for row in rows]
-    assert [record for _, record in read_range(FileRange(str(path), 0, None), 1 << 20)] == expected
+    assert [record for _, record in records_of(FileRange(str(path), 0, None), 1 << 20)] == expected
 
 
 def test_only_chunks_indexed_by_their_dictionary_throughout_are_read_as_dictionaries(tmp_path):
@@ -209,7 +210,7 @@ def test_a_fixed_size_dictionary_chunk_counts_its_width_per_row(tmp_path):
     with parquet_file(str(path), 1 << 20) as (raw, parquet):
         reader, dense_row_bytes = group_reader(raw, parquet, 0)
     assert dense_row_bytes == 100_000
-    rows = list(read_range(FileRange(str(path), 0, None), 150_000))
+    rows = list(records_of(FileRange(str(path), 0, None), 150_000))
     assert len(rows) == 128 and not any(isinstance(row, DeadLetter) for row in rows)
 
 

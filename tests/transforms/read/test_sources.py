@@ -19,10 +19,11 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import records_of
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from kvtrace.transforms.read.paths import Oversized, read_lines
 from kvtrace.transforms.read.records import ParseOptions
-from kvtrace.transforms.read.sources import BOM, FileRange, file_ranges, read_range, unread_bytes
+from kvtrace.transforms.read.sources import BOM, FileRange, file_ranges, unread_bytes
 from kvtrace.transforms.read.timestamps import timestamp_ms
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
@@ -91,8 +92,10 @@ def check_read(paths, check_records, check_letters, max_record_bytes=1 << 20):
     with TestPipeline() as pipeline:
         read = pipeline | ReadRecords(files, max_record_bytes)
         assert_that(read.records, check_records)
-        letters = read[DEAD_LETTER_TAG] | "Letters" >> beam.Map(
-            lambda d: (d.reason, d.source, d.message, d.lost_bytes)
+        letters = (
+            read[DEAD_LETTER_TAG]
+            | "NoShares" >> beam.Filter(lambda d: d.share is None)  # sources.RowShare: no letter
+            | "Letters" >> beam.Map(lambda d: (d.reason, d.source, d.message, d.lost_bytes))
         )
         assert_that(letters, check_letters, label="CheckLetters")
 
@@ -226,7 +229,7 @@ def test_a_parquet_value_python_cannot_hold_is_its_rows_dead_letter_alone(tmp_pa
         path,
         row_group_size=100,
     )
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     letters = [item for item in read if isinstance(item, DeadLetter)]
     assert [(d.reason, d.message[:7]) for d in letters] == [("malformed_record", "row 70 ")]
     assert "OverflowError" in letters[0].message
@@ -253,7 +256,7 @@ def test_parquet_maps_bytes_and_narrow_floats_read_as_their_json_values(tmp_path
         ),
         path,
     )
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     assert [item for item in read if isinstance(item, tuple)] == [
         (str(path), {"timestamp": 0, "prompt": "hello", "latency": 1.3, "tags": {"a": 1}}),
         (str(path), {"timestamp": 1, "prompt": "café", "latency": 0.7, "tags": {"b": 2}}),
@@ -273,7 +276,7 @@ def test_a_parquet_date_reads_as_its_jsonl_text(tmp_path, kind):
     path = tmp_path / "dates.parquet"
     day = datetime.date(2025, 11, 21)
     pq.write_table(pa.table({"timestamp": pa.array([day], kind), "prompt": ["hi"]}), path)
-    [(_, row)] = read_range(FileRange(str(path), 0, None), 1 << 20)
+    [(_, row)] = records_of(FileRange(str(path), 0, None), 1 << 20)
     assert row == json.loads('{"timestamp": "2025-11-21", "prompt": "hi"}')
     assert timestamp_ms(row["timestamp"]) == 1_763_683_200_000
 
@@ -292,7 +295,7 @@ def test_parquet_view_columns_read_as_their_plain_twins(tmp_path):
         ),
         path,
     )
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     assert [row for _, row in read] == [
         {"timestamp": i, "prompt": "hello", "tags": ["a"]} for i in range(4)
     ]
@@ -317,7 +320,7 @@ def test_nanosecond_columns_read_floored_to_microseconds_with_or_without_pandas(
         ),
         path,
     )
-    [(_, row)] = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    [(_, row)] = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     assert row["timestamp"] == dt.datetime(2025, 11, 21, 4, 41, 1, 7654, tzinfo=dt.timezone.utc)
     assert row["latency"] == dt.timedelta(microseconds=1234)
     assert row["at"] == dt.time(0, 0, 5)
@@ -334,7 +337,7 @@ def test_a_coarse_time_past_what_microseconds_hold_fails_its_row_beside_a_floore
     times = [{"sent": real_ns, "seen": real_ms}, {"sent": real_ns, "seen": real_ms + 2**61}]
     path = tmp_path / "times.parquet"
     pq.write_table(pa.table({"times": pa.array(times, kinds), "prompt": ["p0", "p1"]}), path)
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     [(_, row)] = [item for item in read if isinstance(item, tuple)]
     moment = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
     assert row["times"] == {"sent": moment, "seen": moment}
@@ -366,7 +369,7 @@ def test_an_int96_time_past_what_microseconds_hold_fails_its_row(tmp_path):
     data[second : second + 4] = struct.pack("<I", 200_000_000)  # wraps to 1926 in microseconds
     path = tmp_path / "spark.parquet"
     path.write_bytes(data)
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     [(_, row)] = [item for item in read if isinstance(item, tuple)]
     assert row["timestamp"] == dt.datetime(2025, 1, 1, 0, 0, 0, 123000, tzinfo=dt.timezone.utc)
     [letter] = [item for item in read if isinstance(item, DeadLetter)]
@@ -384,7 +387,7 @@ def test_xz_stream_padding_between_streams(tmp_path, padding, whole):
     )
     path = tmp_path / "logs.jsonl.xz"
     path.write_bytes(streams)
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     lines = [item[1] for item in read if isinstance(item, tuple)]
     letters = [item.reason for item in read if isinstance(item, DeadLetter)]
     assert (lines, letters) == ((LINES[:4], []) if whole else (LINES[:2], ["damaged_file"]))
@@ -458,7 +461,7 @@ def test_a_file_whose_name_is_not_utf8_is_read_on_beam_and_named_as_a_letter_nam
         handle.write(LINES[0] + b"\n" + b"x" * 100 + b"\n")
     shown = str(tmp_path) + "/in\\xff.jsonl"
     local = [
-        item for piece in file_ranges(name, os.path.getsize(name)) for item in read_range(piece, 64)
+        item for piece in file_ranges(name, os.path.getsize(name)) for item in records_of(piece, 64)
     ]
     assert isinstance(local[1], DeadLetter) and local[1].to_line().startswith(
         json.dumps({"source": shown}).encode()[:-1]
@@ -486,7 +489,7 @@ def test_parquet_rows_are_numbered_across_row_groups_as_the_groups_go_by(tmp_pat
         row_group_size=2,
         use_dictionary=False,
     )
-    out = list(read_range(FileRange(str(path), 0, None), bound))
+    out = list(records_of(FileRange(str(path), 0, None), bound))
     letters = [item.message for item in out if isinstance(item, DeadLetter)]
     assert len(out) == 5 and [m.split(" not ")[0] for m in letters] == [
         "row group 1 (rows 2 to 3, 2 as its footer claims)"
@@ -521,7 +524,7 @@ def test_a_refused_row_group_is_one_letter_whatever_rows_its_footer_claims(tmp_p
     footer = parts[0] + claim + b"\x16\x04".join(parts[1:-1]) + claim + parts[-1]
     path.write_bytes(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
     assert pq.ParquetFile(path).metadata.row_group(0).num_rows == claimed
-    [letter] = read_range(FileRange(str(path), 0, None), bound)
+    [letter] = records_of(FileRange(str(path), 0, None), bound)
     assert letter.reason == "too_large"
     assert f"rows 0 to {claimed - 1}, {claimed} as its footer claims" in letter.message
     assert 0 < letter.lost_bytes <= path.stat().st_size
@@ -554,7 +557,7 @@ _RECORD = st.fixed_dictionaries(
 def test_parquet_rows_read_as_the_records_written_absent_fields_absent(tmp_path_factory, records):
     path = tmp_path_factory.mktemp("absent") / "log.parquet"
     pq.write_table(pa.Table.from_struct_array(pa.array(records)), path)
-    assert [row for _, row in read_range(FileRange(str(path), 0, None), 1 << 20)] == records
+    assert [row for _, row in records_of(FileRange(str(path), 0, None), 1 << 20)] == records
 
 
 @given(st.integers(0, 1 << 40), st.integers(-(1 << 40), 1 << 41), st.integers(0, 1 << 30))
@@ -573,7 +576,7 @@ def test_a_gzip_damaged_in_its_first_block_weighs_the_whole_file(tmp_path):
     data[20] ^= 0xFF  # inside the first deflate block's header
     path = tmp_path / "logs.jsonl.gz"
     path.write_bytes(bytes(data))
-    [letter] = read_range(FileRange(str(path), 0, None), 1 << 20)
+    [letter] = records_of(FileRange(str(path), 0, None), 1 << 20)
     assert letter.reason == "damaged_file"
     assert letter.lost_bytes == len(data)
 
@@ -584,7 +587,7 @@ def test_a_line_refused_unread_weighs_its_bytes_however_many_records_it_holds(tm
     joined = b"".join(LINES)
     path = tmp_path / "logs.jsonl"
     path.write_bytes(LINES[0] + b"\n" + joined + b"\n" + LINES[1] + b"\n")
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 16))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 16))
     [letter] = [item for item in read if isinstance(item, DeadLetter)]
     assert letter.reason == "too_large"
     assert letter.lost_bytes == len(joined) + 1
@@ -598,7 +601,7 @@ def test_a_line_refused_unread_before_a_break_is_weighed_once(tmp_path):
     data = gzip.compress(LINES[0] + b"\n" + cut + b"\n" + LINES[1] + b"\n")
     path = tmp_path / "logs.jsonl.gz"
     path.write_bytes(data[: len(data) * 3 // 4])
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 16))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 16))
     oversized, broken = [item for item in read if isinstance(item, DeadLetter)]
     assert (oversized.reason, broken.reason) == ("too_large", "damaged_file")
     assert 0 < oversized.lost_bytes <= path.stat().st_size
@@ -612,7 +615,7 @@ def test_a_compressed_line_refused_unread_weighs_its_stored_bytes_not_its_decode
     data = gzip.compress(LINES[0] + b"\n" + big + LINES[1] + b"\n" + big)
     path = tmp_path / "logs.jsonl.gz"
     path.write_bytes(data)
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 16))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 16))
     letters = [item for item in read if isinstance(item, DeadLetter)]
     assert [letter.reason for letter in letters] == ["too_large"] * 2
     assert sum(letter.lost_bytes for letter in letters) == len(data)
@@ -634,17 +637,18 @@ def _stored_row(row: dict, stored: int) -> dict:
         (b'{"timestamp": 1}', "no_input", 16),
         (b'{"object": "list", "data": [{}]}', "no_input", 32),
         ({"timestamp": 1}, "no_input", 16),  # a row read from no file: its rendering
-        (_stored_row({"timestamp": 1}, 3), "no_input", 3),  # its share of its row group
+        (_stored_row({"timestamp": 1}, 3), "no_input", 3),  # its size (no file's share: 1)
     ],
 )
 def test_every_letter_of_a_record_weighs_its_bytes_whatever_it_decodes_to(record, reason, lost):
     """A line may wrap any number of records (a writer that left out newlines, a JSON array
     export, a list response's `data`): whatever JSON it decodes to and whatever its reason,
     its letter weighs its bytes as read, as a line refused unread does (round 16)."""
+    from kvtrace.transforms.dead_letters import Tally
     from kvtrace.transforms.read.sources import parse_one
 
     letter = parse_one("logs.jsonl", record, ParseOptions())
-    assert (letter.reason, letter.lost_bytes) == (reason, lost)
+    assert (letter.reason, Tally.of([letter]).lost_bytes) == (reason, lost)
 
 
 def test_a_compressed_line_and_a_row_keep_their_weight_between_beam_steps():
@@ -661,14 +665,39 @@ def test_a_compressed_line_and_a_row_keep_their_weight_between_beam_steps():
     assert (row, row.stored) == ({"timestamp": 1}, 3)
     chat = {"timestamp": 1, "messages": [{"role": "user", "content": "hi"}]}
     request = parse_one("logs.parquet", _stored_row(chat, 5), ParseOptions())
-    assert pickle.loads(pickle.dumps(request)).letter("no_input", "x").lost_bytes == 5
+    assert pickle.loads(pickle.dumps(request)).letter("no_input", "x").row_bytes == 5
+
+
+@pytest.mark.parametrize("wrapper_at", [0, 10])
+def test_a_parquet_rows_letter_weighs_its_own_size_at_its_files_share(tmp_path, wrapper_at):
+    """A row's letter weighs its bytes as JSON (sized once, as it is read) at its file's share
+    (sources.RowShare, dead_letters.Tally), not an even share of its row group: a row wrapping
+    a log among 10 chats weighs nearly the whole file wherever it stands, and the file's rows
+    together weigh its row groups' bytes, never more than the file (round 17)."""
+    from kvtrace.transforms.dead_letters import Tally
+    from kvtrace.transforms.read.sources import parse_one, read_range
+
+    chats = [{"timestamp": i, "prompt": f"p{i}"} for i in range(10)]
+    wrapper = {"object": "list", "data": [{"prompt": f"{i:x}" * 40} for i in range(2_000)]}
+    rows = chats[:wrapper_at] + [wrapper] + chats[wrapper_at:]
+    path = tmp_path / "log.parquet"
+    pq.write_table(pa.Table.from_struct_array(pa.array(rows)), path, row_group_size=4)
+    items = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    [share] = [item for item in items if isinstance(item, DeadLetter)]
+    parsed = [parse_one(*item, ParseOptions()) for item in items if item is not share]
+    [letter] = [item for item in parsed if isinstance(item, DeadLetter)]
+    stored = path.stat().st_size
+    assert letter.reason == "no_input"
+    assert 0.9 * share.share[0] < Tally.of([letter, share]).lost_bytes <= share.share[0] < stored
+    every = [DeadLetter(share.source, b"", "r", "m", row_bytes=r.stored) for _, r in items[:-1]]
+    assert Tally.of([*every, share]).lost_bytes == share.share[0]
 
 
 def _letters_of(path) -> list[DeadLetter]:
     from kvtrace.transforms.read.sources import parse_one
 
     letters = []
-    for item in read_range(FileRange(str(path), 0, None), 1 << 20):
+    for item in records_of(FileRange(str(path), 0, None), 1 << 20):
         parsed = item if isinstance(item, DeadLetter) else parse_one(*item, ParseOptions())
         letters += [parsed] if isinstance(parsed, DeadLetter) else []
     return letters
@@ -742,7 +771,7 @@ def test_another_form_under_a_plain_name_is_one_letter_weighing_the_whole_file(
     read = [
         item
         for piece in file_ranges(str(path), len(data), len(data) // 3 + 1)
-        for item in read_range(piece, 1 << 20)
+        for item in records_of(piece, 1 << 20)
     ]
     [letter] = read
     assert letter.reason == "damaged_file" and form in letter.message
@@ -755,7 +784,7 @@ def test_a_plain_file_is_read_as_plain_whatever_its_first_line_starts_like(tmp_p
     starts like gzip's magic is a plain file's record (parse_one's letter), its file read on."""
     path = tmp_path / "logs.jsonl"
     path.write_bytes(head + b"".join(line + b"\n" for line in LINES[:3]))
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     assert [line for _, line in read] == [head.rstrip(b"\n")] * bool(head) + LINES[:3]
 
 
@@ -763,7 +792,7 @@ def test_a_parquet_cut_short_weighs_the_whole_file(tmp_path):
     path = tmp_path / "logs.parquet"
     pq.write_table(pa.table({"timestamp": list(range(500)), "prompt": ["p"] * 500}), path)
     path.write_bytes(path.read_bytes()[:-100])
-    [letter] = read_range(FileRange(str(path), 0, None), 1 << 20)
+    [letter] = records_of(FileRange(str(path), 0, None), 1 << 20)
     assert letter.reason == "damaged_file"
     assert letter.lost_bytes == path.stat().st_size
 
@@ -774,7 +803,7 @@ def test_a_gzip_cut_in_its_middle_weighs_what_its_records_did_not_reach(tmp_path
     data = gzip.compress(b"".join(line + b"\n" for line in LINES * 40), compresslevel=1)
     path = tmp_path / "logs.jsonl.gz"
     path.write_bytes(data[: len(data) * 3 // 4])
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     [letter] = [item for item in read if isinstance(item, DeadLetter)]
     assert len(read) > len(LINES)
     assert 0 < letter.lost_bytes < path.stat().st_size
@@ -810,7 +839,7 @@ def test_times_in_every_container_read_from_their_storage(tmp_path):
 
     path = tmp_path / "nested.parquet"
     _nested_times(path, 1_735_689_600_000_000_789)
-    [(_, row)] = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    [(_, row)] = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     moment = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
     assert row == {
         "prompt": "hello",
@@ -830,7 +859,7 @@ def test_an_extension_column_reads_as_what_it_stores(tmp_path):
     text = pa.array(['{"a": 1}'], pa.json_())
     nested = pa.StructArray.from_arrays([text], ["j"])
     pq.write_table(pa.table({"prompt": ["hello"], "j": text, "nested": nested}), path)
-    [(_, row)] = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    [(_, row)] = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     assert row == {"prompt": "hello", "j": '{"a": 1}', "nested": {"j": '{"a": 1}'}}
 
 
@@ -869,7 +898,7 @@ def test_parquet_bytes_its_footer_does_not_list_are_one_letter_weighing_them(tmp
     del groups[1]
     path = tmp_path / "logs.parquet"
     path.write_bytes(with_parquet_footer(body, footer))
-    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 20))
     [letter] = [item for item in read if isinstance(item, DeadLetter)]
     assert letter.reason == "damaged_file" and "lie in no part" in letter.message
     assert letter.lost_bytes == second
@@ -891,7 +920,7 @@ def test_a_log_cut_between_the_plan_and_the_read_is_a_letter_weighing_its_planne
     ranges = file_ranges(str(path), len(data), 1_000)
     _cut_to(path, 500)
     for piece in ranges:
-        [letter] = read_range(piece, 1 << 20)
+        [letter] = records_of(piece, 1 << 20)
         assert letter.reason == "damaged_file" and "changed before it was read" in letter.message
         assert letter.lost_bytes == piece.end - piece.start
 
@@ -914,7 +943,7 @@ def test_a_log_cut_as_it_is_read_weighs_what_its_range_did_not_read(tmp_path, mo
     path = tmp_path / "live.jsonl"
     path.write_bytes(data)
     [piece] = file_ranges(str(path), len(data))
-    read = list(read_range(piece, 1 << 20))
+    read = list(records_of(piece, 1 << 20))
     [letter] = [item for item in read if isinstance(item, DeadLetter)]
     assert letter.reason == "damaged_file"
     assert "changed as it was read" in letter.message
@@ -932,5 +961,5 @@ def test_a_file_renamed_away_after_the_plan_is_a_letter(tmp_path):
     [piece] = file_ranges(str(path), len(data))
     path.rename(tmp_path / "live.jsonl.1")
     path.write_bytes(data)
-    [letter] = read_range(piece, 1 << 20)
+    [letter] = records_of(piece, 1 << 20)
     assert (letter.reason, letter.lost_bytes) == ("damaged_file", len(data))
