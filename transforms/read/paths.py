@@ -882,7 +882,7 @@ class _ChunkValues:
         if self._named is None or self._named[0] != page.start:
             data = self.data(page)
             at, count, _ = _page_levels(data, self._descriptor, page)
-            values_end(data, at, page.encoding, self._width, count, entries.page(page.start))
+            values_end(data, at, page.encoding, self._width, count, entries.next_page())
             self._named = page.start, entries.found()
         return any(entries.starts_one(dictionary, self._named[1], form) for form in forms)
 
@@ -927,13 +927,12 @@ class _Named:
     of them a page's indices name, as parquet_payload.hybrid_end sets its `named` flags, but
     collected: each entry stamped with the page that named it, so a page's are found in its
     own indices (their distinct entries, a slice at a time) without a pass over the
-    dictionary's length. Holds 16 bytes an entry, and an entry is 4 bytes at least."""
+    dictionary's length. Holds 12 bytes an entry, and an entry takes 4 bytes at least."""
 
     def __init__(self, ends: list[int]):
         self._ends = np.asarray(ends, dtype=np.int64)
-        self._starts = np.concatenate(([4], self._ends[:-1] + 4)) if ends else self._ends
-        self._stamps = np.full(len(ends), -1, dtype=np.int64)
-        self._page, self._found = -1, [np.zeros(0, dtype=np.int64)]
+        self._stamps = np.zeros(len(ends), dtype=np.int32)  # 0: no page yet; pages from 1
+        self._page, self._found = 0, [np.zeros(0, dtype=np.int64)]
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -944,9 +943,9 @@ class _Named:
         self._stamps[fresh] = self._page
         self._found.append(fresh)
 
-    def page(self, start: int) -> _Named:
-        """Ready to collect the entries the page at `start` names."""
-        self._page, self._found = start, [np.zeros(0, dtype=np.int64)]
+    def next_page(self) -> _Named:
+        """Ready to collect the entries the next page names."""
+        self._page, self._found = self._page + 1, [np.zeros(0, dtype=np.int64)]
         return self
 
     def found(self) -> np.ndarray:
@@ -957,7 +956,8 @@ class _Named:
         """Whether `form` starts one of the `named` entries of the dictionary's data: the
         entries narrowed a byte at a time, all at once (a few numpy passes over the page's
         named entries, no entry copied), the last few compared whole."""
-        starts, ends = self._starts[named], self._ends[named]
+        ends = self._ends[named]
+        starts = np.where(named > 0, self._ends[named - 1], 0) + 4  # past each one's length
         fits = ends - starts >= len(form)
         starts, ends = starts[fits], ends[fits]
         data = np.frombuffer(dictionary, dtype=np.uint8)
