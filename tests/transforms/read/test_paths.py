@@ -8,6 +8,7 @@ import io
 import logging
 import os
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import parquet_footer, thrift_decode, thrift_encode, thrift_field, with_parquet_footer
+from kvtrace.transforms.read.parquet_payload import byte_array_ends
 from kvtrace.transforms.read.paths import (
     FOOTER_STRUCT_BYTES,
     FOOTER_WEIGHT_FLOOR,
@@ -22,6 +24,7 @@ from kvtrace.transforms.read.paths import (
     FooterOverBound,
     StrayBytes,
     _FooterWalk,
+    _Named,
     _OverWeight,
     _page_header,
     _unraised,
@@ -638,6 +641,23 @@ def test_a_dictionary_encoded_pages_statistics_are_held_to_the_entries_its_indic
     edited = body[:start] + thrift_encode(index) + body[end:]
     with pytest.raises(ValueError, match="statistics .* are bytes its values do not hold"):
         _opens(tmp_path, footer, edited)
+
+
+def test_a_bound_is_found_among_many_named_entries_sharing_its_prefix():
+    """Among more named entries than are compared whole, all sharing a long prefix, a bound
+    starts exactly the entries it starts: the narrowing by windows loses none and admits
+    none an entry is too short for or the page does not name."""
+    entries = [b"x" * 300 + b"%03d" % i for i in range(40)] + [b"x" * 10]
+    dictionary = b"".join(len(entry).to_bytes(4, "little") + entry for entry in entries)
+    named = _Named(byte_array_ends(dictionary, 0, len(entries)))
+    named.next_page()[np.arange(0, 40, 2)] = True  # the even entries, and the short one
+    named[40] = True
+    found = named.found()
+    assert named.starts_one(dictionary, found, b"x" * 300 + b"03")  # entries 30..38
+    assert named.starts_one(dictionary, found, b"x" * 300 + b"038")
+    assert not named.starts_one(dictionary, found, b"x" * 300 + b"039")  # not named
+    assert not named.starts_one(dictionary, found, b"x" * 304)  # no entry's prefix
+    assert named.starts_one(dictionary, found, b"x" * 10)
 
 
 def test_a_dictionary_page_other_than_a_chunks_first_is_refused_at_its_header(tmp_path):
