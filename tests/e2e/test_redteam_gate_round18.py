@@ -50,7 +50,6 @@ def _night_under_cpu(tokenizer: str, tmp_path: Path, source: Path, seconds: int)
     return done.returncode
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 def test_distinct_page_statistics_searched_in_a_large_dictionary_cost_no_more_than_the_files_bytes(
     tiny_tokenizer, tmp_path
 ):
@@ -194,7 +193,6 @@ def test_a_trace_parquet_hiding_a_row_group_in_an_unread_oversized_page_is_refus
     assert "Traceback" not in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 def test_a_chunk_of_many_dictionary_pages_is_checked_in_bounded_memory(tiny_tokenizer, tmp_path):
     """Bounded memory (BOUNDS.md: a worker's Parquet reading stays under ~9 x
     --max-record-bytes). A column chunk may hold one dictionary page (Arrow refuses a second

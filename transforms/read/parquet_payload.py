@@ -7,6 +7,7 @@ decoder consumed it."""
 
 from __future__ import annotations
 
+import struct
 import zlib
 
 import numpy as np
@@ -219,10 +220,13 @@ def values_end(
 
 def byte_array_ends(data: bytes, at: int, count: int) -> list[int]:
     """Where each of `count` PLAIN byte arrays from `at` (each its length, then its bytes) ends."""
-    ends = []
+    ends, size, length = [], len(data), _LENGTH.unpack_from  # no slice a value: ~2x faster
     for _ in range(count):
-        if at + 4 > len(data):
+        if at + 4 > size:
             raise ValueError("a page's byte arrays end inside a length")
-        at += 4 + int.from_bytes(data[at : at + 4], "little")
+        at += 4 + length(data, at)[0]
         ends.append(at)
     return ends
+
+
+_LENGTH = struct.Struct("<I")  # a PLAIN byte array's length

@@ -41,6 +41,7 @@ from kvtrace.transforms.read.parquet_payload import (
     DECODED_ENCODINGS,
     PLAIN,
     RLE,
+    byte_array_ends,
     decompressed,
     hybrid_end,
     unpacked,
@@ -821,17 +822,20 @@ class _ChunkValues:
         self.oversized = any(max(page.size, page.stored) > max_page_bytes for page in pages)
         self._data: dict[int, bytes] = {}
         self._width = fixed_value_bytes(column.physical_type, descriptor.length)
-        self._dictionary = {page.start for page in pages if not page.version}
+        # the chunk's one dictionary page, its first (_pages refuses any other)
+        self._dictionary = next((page for page in pages if not page.version), None)
         # the annotations writers truncate as UTF-8 text (parquet-mr: strings, enums, JSON)
         self._text = descriptor.converted_type in ("UTF8", "ENUM", "JSON")
-        self._in_entries: dict[bytes, bool] = {}  # each bound looked up once a chunk
+        self._entries: _Named | None = None  # the dictionary's entries, found once
+        self._named: tuple[int, np.ndarray] | None = None  # the last page's named entries
 
     def data(self, page: Page) -> bytes:
         """The page's data, its codec undone (v2: its levels stored plain before it). The
         dictionary's and the last data page's are kept: a chunk is never held whole."""
         if page.start not in self._data:
             if page.version:
-                self._data = {k: v for k, v in self._data.items() if k in self._dictionary}
+                kept = self._dictionary.start if self._dictionary else -1
+                self._data = {k: v for k, v in self._data.items() if k == kept}
             self._raw.seek(page.start)
             stored = self._raw.read(page.stored)
             codec = self._column.compression if page.compressed else "UNCOMPRESSED"
@@ -842,32 +846,45 @@ class _ChunkValues:
         return self._data[page.start]
 
     def release(self) -> None:
-        """Drop what was decompressed and looked up (built again if asked again)."""
-        self._data, self._in_entries = {}, {}
+        """Drop what was decompressed and found (built again if asked again)."""
+        self._data, self._entries, self._named = {}, None, None
 
     def holds(self, page: Page, value: bytes) -> bool:
         """Whether a min or max value of a data page's statistics is one fixed-width value's
-        bytes at most, or (BYTE_ARRAY) bytes the page holds or the start of an entry of the
-        chunk's dictionary (so it carries nothing they do not), or such bytes truncated as
-        writers truncate a max (_unraised). Bytes of the page, not one whole value: as cheap
-        as a search, and a value held so repeats bytes a decoder consumed, whatever it is.
+        bytes at most, or (BYTE_ARRAY) the page's own values' bytes: of a dictionary-encoded
+        page, the start of an entry its indices name (_names_a_bound); of any other, bytes
+        the page holds; either maybe truncated as writers truncate a max (_unraised). Bytes
+        a decoder consumed, whatever they are, each page held to its own values alone, so a
+        chunk's bounds cost its pages' bytes once and its dictionary's once, however many.
         DELTA_BYTE_ARRAY values, stored as suffixes, hold no such bytes."""
         if self._width is not None:  # one value's bytes at most (a boolean's: one)
             return len(value) <= max(self._width, 1)
         if self.oversized or not value:
             return True
         forms = _unraised(value, self._text)
+        if page.encoding in DICTIONARY_ENCODINGS:
+            return self._names_a_bound(page, forms)
         data = self.data(page)
-        return any(form in data for form in forms) or self._starts_an_entry(value, forms)
+        return any(form in data for form in forms)
 
-    def _starts_an_entry(self, value: bytes, forms: tuple[bytes, ...]) -> bool:
-        """Whether one of a bound's forms is bytes of the chunk's dictionary pages: a search of
-        their decompressed bytes (C speed, no object per entry), each bound's answer kept, so a
-        large dictionary costs its bytes once per distinct bound however many pages name it."""
-        if value not in self._in_entries:
-            dictionaries = [self.data(page) for page in self.pages if not page.version]
-            self._in_entries[value] = any(form in data for data in dictionaries for form in forms)
-        return self._in_entries[value]
+    def _names_a_bound(self, page: Page, forms: tuple[bytes, ...]) -> bool:
+        """Whether one of a bound's forms starts an entry of the chunk's dictionary that the
+        page's indices name: the entries' ends found in one pass over the dictionary a chunk,
+        the page's indices decoded once, then each named entry compared over the form's
+        length alone (no entry copied), so a bound costs its page's values, not the
+        dictionary's bytes."""
+        if self._dictionary is None:
+            return False
+        dictionary = self.data(self._dictionary)
+        if self._entries is None:
+            self._entries = _Named(byte_array_ends(dictionary, 0, self._dictionary.values))
+        entries = self._entries
+        if self._named is None or self._named[0] != page.start:
+            data = self.data(page)
+            at, count, _ = _page_levels(data, self._descriptor, page)
+            values_end(data, at, page.encoding, self._width, count, entries.next_page())
+            self._named = page.start, entries.found()
+        return any(entries.starts_one(dictionary, self._named[1], form) for form in forms)
 
     def walk(self, bounds: list[list[bytes]], hashing: bool) -> list[np.ndarray]:
         """One pass over the chunk's pages, each decompressed once: each data page's statistics
@@ -903,6 +920,61 @@ class _ChunkValues:
             else:
                 raise ValueError(f"a bloom filter over a page in encoding {page.encoding}")
         return hashes + [entries[named] for entries, named in dictionaries]
+
+
+class _Named:
+    """A dictionary's entries (`ends`: where each ends, its 4-byte length before it) and which
+    of them a page's indices name, as parquet_payload.hybrid_end sets its `named` flags, but
+    collected: each entry stamped with the page that named it, so a page's are found in its
+    own indices (their distinct entries, a slice at a time) without a pass over the
+    dictionary's length. Holds 12 bytes an entry, and an entry takes 4 bytes at least."""
+
+    def __init__(self, ends: list[int]):
+        self._ends = np.asarray(ends, dtype=np.int64)
+        self._stamps = np.zeros(len(ends), dtype=np.int32)  # 0: no page yet; pages from 1
+        self._page, self._found = 0, [np.zeros(0, dtype=np.int64)]
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __setitem__(self, index: int | np.ndarray, _flag: bool) -> None:
+        index = np.atleast_1d(index)  # an RLE run names one entry, a bit-packed slice many
+        fresh = np.unique(index[self._stamps[index] != self._page])
+        self._stamps[fresh] = self._page
+        self._found.append(fresh)
+
+    def next_page(self) -> _Named:
+        """Ready to collect the entries the next page names."""
+        self._page, self._found = self._page + 1, [np.zeros(0, dtype=np.int64)]
+        return self
+
+    def found(self) -> np.ndarray:
+        """The entries the page names, each once."""
+        return np.concatenate(self._found)
+
+    def starts_one(self, dictionary: bytes, named: np.ndarray, form: bytes) -> bool:
+        """Whether `form` starts one of the `named` entries of the dictionary's data: the
+        entries narrowed all at once by windows of the form twice as long each pass (a few
+        numpy passes over the page's named entries' bytes, at most _WINDOW_BYTES a pass, no
+        entry copied), the last few compared whole."""
+        ends = self._ends[named]
+        starts = np.where(named > 0, self._ends[named - 1], 0) + 4  # past each one's length
+        fits = ends - starts >= len(form)
+        starts, ends = starts[fits], ends[fits]
+        data = np.frombuffer(dictionary, dtype=np.uint8)
+        at, window = 0, 8
+        while len(starts) > _FEW_ENTRIES and at < len(form):
+            size = min(window, len(form) - at, max(1, _WINDOW_BYTES // len(starts)))
+            held = data[(starts + at)[:, None] + np.arange(size)]
+            same = (held == np.frombuffer(form, np.uint8, size, at)).all(axis=1)
+            starts, ends, at, window = starts[same], ends[same], at + size, window * 2
+        return any(dictionary.startswith(form, int(a), int(b)) for a, b in zip(starts, ends))
+
+
+# Entries left when a bound is compared to each whole (_Named.starts_one): fewer Python calls
+# than numpy passes.
+_FEW_ENTRIES = 16
+_WINDOW_BYTES = 1 << 20  # the bytes one pass gathers (8 bytes of index each)
 
 
 def _unraised(value: bytes, text: bool) -> tuple[bytes, ...]:
@@ -1379,8 +1451,11 @@ _PAGE_HEADERS = {0: 5, 3: 8, 2: 7}  # DATA_PAGE, DATA_PAGE_V2, DICTIONARY_PAGE
 
 
 def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
-    """Each page of a column chunk, from its page headers."""
-    offset, end = _chunk_range(column)
+    """Each page of a column chunk, from its page headers. A dictionary page only as the
+    chunk's first page (ValueError at its header if not): a chunk has one dictionary, which
+    Arrow reads before its data pages and refuses a second of, so at most one is ever held."""
+    first, end = _chunk_range(column)
+    offset = first
     while offset < end:
         header, header_bytes = _page_header(raw, offset)
         uncompressed, compressed = header.get(2), header.get(3)
@@ -1393,6 +1468,11 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
             raise ValueError(
                 f"damaged page header at byte {offset} of {column.path_in_schema}: a page "
                 "header holding other than the one struct its type names"
+            )
+        if field == 7 and offset != first:
+            raise ValueError(
+                f"a dictionary page at byte {offset} of {column.path_in_schema}, not its "
+                "chunk's first page: a chunk holds one dictionary, before its data pages"
             )
         kind = header[field]
         statistics = kind.get({5: 5, 8: 8}.get(field, 0), {})

@@ -8,6 +8,7 @@ import io
 import logging
 import os
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import parquet_footer, thrift_decode, thrift_encode, thrift_field, with_parquet_footer
+from kvtrace.transforms.read.parquet_payload import byte_array_ends
 from kvtrace.transforms.read.paths import (
     FOOTER_STRUCT_BYTES,
     FOOTER_WEIGHT_FLOOR,
@@ -22,6 +24,7 @@ from kvtrace.transforms.read.paths import (
     FooterOverBound,
     StrayBytes,
     _FooterWalk,
+    _Named,
     _OverWeight,
     _page_header,
     _unraised,
@@ -607,8 +610,9 @@ def test_a_bloom_filter_over_a_dictionary_array_holds_the_entries_its_group_name
 
 
 def test_a_column_index_value_counts_only_as_bytes_its_page_holds(tmp_path):
-    """A column index's min and max are held to bytes its page's values (or the chunk's
-    dictionary) hold: a max the page never held, even of the same length, is refused."""
+    """A column index's min and max are held to bytes its page's values hold (of a
+    dictionary-encoded page, the entries its indices name): a max the page never held, even
+    of the same length, is refused."""
     footer, body, chunks = _indexed(tmp_path)
     strings = chunks[1]
     start = thrift_field(strings, 6)[2]
@@ -617,6 +621,61 @@ def test_a_column_index_value_counts_only_as_bytes_its_page_holds(tmp_path):
     edited = body[:start] + index.replace(b"\x01b", b"\x01z") + body[start + len(index) :]
     with pytest.raises(ValueError, match="statistics .* are bytes its values do not hold"):
         _opens(tmp_path, footer, edited)
+
+
+def test_a_dictionary_encoded_pages_statistics_are_held_to_the_entries_its_indices_name(tmp_path):
+    """A dictionary-encoded page's min and max are entries its own indices name, not any of
+    the chunk's dictionary: page 0 names `aaaaa` alone, so a max of `zzzzz` (page 1's entry,
+    in the dictionary) is refused; each bound is looked up among the page's named entries,
+    never searched through the dictionary (pages x dictionary bytes, round 18)."""
+    buffer = io.BytesIO()
+    table = pa.table({"s": ["aaaaa", "zzzzz"]})
+    pq.write_table(table, buffer, data_page_size=1, write_batch_size=1, write_page_index=True)
+    footer, body = parquet_footer(buffer.getvalue())
+    _opens(tmp_path, footer, body)
+    chunk = thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][0]
+    start = thrift_field(chunk, 6)[2]
+    index, end = thrift_decode(body, start)
+    assert thrift_field(index, 3)[2][1] == [b"aaaaa", b"zzzzz"]  # each page's max
+    thrift_field(index, 3)[2][1][0] = b"zzzzz"
+    edited = body[:start] + thrift_encode(index) + body[end:]
+    with pytest.raises(ValueError, match="statistics .* are bytes its values do not hold"):
+        _opens(tmp_path, footer, edited)
+
+
+def test_a_bound_is_found_among_many_named_entries_sharing_its_prefix():
+    """Among more named entries than are compared whole, all sharing a long prefix, a bound
+    starts exactly the entries it starts: the narrowing by windows loses none and admits
+    none an entry is too short for or the page does not name."""
+    entries = [b"x" * 300 + b"%03d" % i for i in range(40)] + [b"x" * 10]
+    dictionary = b"".join(len(entry).to_bytes(4, "little") + entry for entry in entries)
+    named = _Named(byte_array_ends(dictionary, 0, len(entries)))
+    named.next_page()[np.arange(0, 40, 2)] = True  # the even entries, and the short one
+    named[40] = True
+    found = named.found()
+    assert named.starts_one(dictionary, found, b"x" * 300 + b"03")  # entries 30..38
+    assert named.starts_one(dictionary, found, b"x" * 300 + b"038")
+    assert not named.starts_one(dictionary, found, b"x" * 300 + b"039")  # not named
+    assert not named.starts_one(dictionary, found, b"x" * 304)  # no entry's prefix
+    assert named.starts_one(dictionary, found, b"x" * 10)
+
+
+def test_a_dictionary_page_other_than_a_chunks_first_is_refused_at_its_header(tmp_path):
+    """A chunk holds one dictionary, its first page: a second (its first repeated, the footer's
+    sizes moved to match) is refused by the page walk, before any page is decompressed, so a
+    chunk's check never holds more than one dictionary."""
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"s": ["a", "b"]}), buffer)
+    data = buffer.getvalue()
+    column = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0).column(0)
+    start, pages = column.dictionary_page_offset, column.data_page_offset
+    footer, body = parquet_footer(data)
+    metadata = thrift_field(thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][0], 3)[2]
+    thrift_field(metadata, 9)[2] += pages - start  # data_page_offset
+    thrift_field(metadata, 7)[2] += pages - start  # total_compressed_size
+    doubled = body[:pages] + body[start:pages] + body[pages:]
+    with pytest.raises(ValueError, match=f"dictionary page at byte {pages} .* not its chunk's"):
+        _opens(tmp_path, footer, doubled)
 
 
 def test_a_truncated_max_is_held_as_the_value_before_its_last_byte_or_character_was_raised():
