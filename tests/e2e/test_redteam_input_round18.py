@@ -6,6 +6,8 @@ read = exported + rejected) and fails today (2026-11-28)."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from helpers import (
     CLEAN_CHAT_MS,
     KVTRACE,
+    ROOT,
     anonymize,
     chat,
     parquet_footer,
@@ -22,6 +25,7 @@ from helpers import (
     thrift_encode,
     thrift_field,
     trace,
+    under_rlimit,
     with_parquet_footer,
     write_jsonl,
 )
@@ -116,41 +120,38 @@ def _many_pages_over_one_dictionary(tmp_path: Path, rows: int) -> Path:
     return source
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 def test_page_statistics_over_a_dictionary_cost_its_bytes_a_bounded_number_of_times(
-    tiny_tokenizer, tmp_path, monkeypatch
+    tiny_tokenizer, tmp_path
 ):
-    """Bounded CPU. _ChunkValues.holds looks each distinct page bound up by a substring search
-    of the chunk's whole decompressed dictionary (_starts_an_entry): a dictionary-encoded page
-    holds indices, never its bound's bytes, so every page of a chunk pays a search of the
-    dictionary, and a chunk of P pages over a dictionary of D bytes costs P x D, quadratic in
-    the file. Written by pyarrow with documented settings (one page a row). Measured on
-    today's code, paths.parquet_file alone on chats with 1,008-byte `zz` values: 6,000 rows
-    (15 MB) 12 s, 12,000 rows (30 MB) 47 s, four times the time for twice the file, where
-    reading its JSONL twin is linear. Asserted without a clock: the dictionary bytes searched
-    stay within a few times the dictionary's size."""
-    from kvtrace.transforms.read import paths
-    from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES
-
-    searched: list[int] = []
-    looked_up = paths._ChunkValues._starts_an_entry
-
-    def counting(self, value: bytes, forms: tuple[bytes, ...]) -> bool:
-        if value not in self._in_entries:
-            searched.append(sum(len(self.data(p)) for p in self.pages if not p.version))
-        return looked_up(self, value, forms)
-
-    rows = 1_000
+    """Bounded CPU. _ChunkValues.holds looked each distinct page bound up by a substring search
+    of the chunk's whole decompressed dictionary: a dictionary-encoded page holds indices,
+    never its bound's bytes, so every page of a chunk paid a search of the dictionary, and a
+    chunk of P pages over a dictionary of D bytes cost P x D, quadratic in the file. Written by
+    pyarrow with documented settings (one page a row). Measured before the fix,
+    paths.parquet_file alone: 6,000 rows 12 CPU-s, 12,000 rows 47. Fixed (round 18): a
+    dictionary-encoded page's bounds are held to the entries its own indices name. Asserted
+    without a clock: the open of 6,000 rows within 6 CPU-s (RLIMIT_CPU), half the old cost;
+    first counted through a function the fix removed, so rewritten."""
+    rows = 6_000
     source = _many_pages_over_one_dictionary(tmp_path, rows)
     out = tmp_path / "out"
     assert anonymize(tiny_tokenizer, [source], out, "--quiet") == 0  # read whole, once
     assert len(trace(out)) == rows
-    # counted where the CLI's workers (started clean under pytest) cannot be patched
-    monkeypatch.setattr(paths._ChunkValues, "_starts_an_entry", counting)
-    with paths.parquet_file(str(source), DEFAULT_MAX_RECORD_BYTES):
-        pass
-    dictionary = rows * (4 + 72)  # PLAIN: a 4-byte length before each 72-byte entry
-    assert sum(searched) <= 4 * dictionary
+    opening = (
+        "from kvtrace.transforms.read import paths\n"
+        "from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES\n"
+        f"with paths.parquet_file({str(source)!r}, DEFAULT_MAX_RECORD_BYTES):\n"
+        "    pass\n"
+    )
+    done = subprocess.run(
+        under_rlimit([sys.executable, "-c", opening], "RLIMIT_CPU", 6),
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def _dictionary_pages(tmp_path: Path, copies: int, page_bytes: int) -> Path:
@@ -182,7 +183,6 @@ def _dictionary_pages(tmp_path: Path, copies: int, page_bytes: int) -> Path:
     return source
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 def test_dictionary_pages_of_one_chunk_cost_no_memory_past_one(tiny_tokenizer, tmp_path):
     """Bounded memory. The page walk (paths._pages) takes any number of dictionary pages in a
     chunk (the format allows one, first; Arrow refuses a second), and _ChunkValues.data keeps
