@@ -523,9 +523,10 @@ def _check_chunks(
     accounted for, which holds only of bytes a decoder consumed: a chunk grown over a row
     group left out of the footer tiles it with that group's pages and counts their rows too,
     a page grown over it holds bytes past its values. A page over max_page_bytes (the
-    readers' ceiling) is not read here, to stay within it: its payload goes unchecked, and a
-    repeated chunk holding one goes uncounted (read, its group is refused unread:
-    oversized_pages). A dictionary entry no index names is accepted unread: writers keep
+    readers' ceiling: over_ceiling) is not read here, to stay within it: its payload goes
+    unchecked but for its header's sizes (_check_unread_sizes), and a repeated chunk holding
+    one goes uncounted (its group is refused unread by every reader, whatever columns it
+    reads: oversized_pages). A dictionary entry no index names is accepted unread: writers keep
     unused categories (docs/BOUNDS.md)."""
     schema = metadata.schema
     try:
@@ -537,7 +538,9 @@ def _check_chunks(
                 descriptor = schema.column(index)
                 repeats = descriptor.max_repetition_level
                 pages = chunk_pages(raw, column)
-                if any(max(page.size, page.stored) > max_page_bytes for page in pages):
+                if any(over_ceiling(page, max_page_bytes) for page in pages):
+                    for page in pages:
+                        _check_unread_sizes(column, page)
                     if repeats:
                         continue
                 else:
@@ -552,6 +555,26 @@ def _check_chunks(
                     )
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+
+
+def over_ceiling(page: Page, max_page_bytes: int) -> bool:
+    """Whether a page is over the readers' ceiling (max_page_bytes), by the larger of its
+    stored and its decompressed sizes: either is what reading it costs. The one rule of every
+    check that leaves such a page unread and every reader that refuses its group for it
+    (oversized_pages)."""
+    return max(page.size, page.stored) > max_page_bytes
+
+
+def _check_unread_sizes(column: pq.ColumnChunkMetaData, page: Page) -> None:
+    """What a page left unread (over the ceiling) is held to from its header alone: stored
+    uncompressed, its stored bytes are its data, as many as its size (as _check_payload holds
+    a page it reads: decompressed), so none lie behind its values; ValueError if not."""
+    codec = column.compression if page.compressed else "UNCOMPRESSED"
+    if codec == "UNCOMPRESSED" and page.stored != page.size:
+        raise ValueError(
+            f"an uncompressed page of {column.path_in_schema} stores {page.stored} bytes, its "
+            f"header's size {page.size}"
+        )
 
 
 def _check_payload(
@@ -632,21 +655,25 @@ def _stray_bytes(
     _chunk_range) and the column index, offset index and bloom filter a chunk points to
     (_chunk_extras); a gap between them holds only what writers leave there (_stray_gap).
     Parts that overlap (a chunk named twice, whose rows would be read twice and its own left
-    unread) or lie outside the body are a layout no writer makes: ValueError. Costs a sort of
-    the footer's parts and a read of the gaps, each up to its first stray byte."""
+    unread) or lie outside the body are a layout no writer makes: ValueError. A group's parts
+    are the bytes it owns (group_bytes). Costs a sort of the footer's parts and a read of the
+    gaps, each up to its first stray byte."""
     # a chunk's with the copies of its footer entry a writer may leave behind it (_stray_gap)
     parts: list[tuple[int, int, Callable[[], tuple[bytes, ...]]]] = []
+    owned = _OWNED[raw] = []
     for index, group in enumerate(footer.fields.get(4) or []):
         row_group = metadata.row_group(index)
+        size = 0  # the bytes of its parts: what a letter of it weighs (group_bytes)
         for column, chunk in enumerate(group.get(1) or []):
             meta = row_group.column(column)
             pages = chunk_pages(raw, meta)  # walked: _check_chunks
             values = _ChunkValues(raw, meta, metadata.schema.column(column), pages, max_page_bytes)
-            extras = list(_chunk_extras(raw, chunk, values, body_end))
+            owns = [(*_chunk_range(meta), functools.partial(_copied, footer, chunk, values))]
+            owns += [(*extra, tuple) for extra in _chunk_extras(raw, chunk, values, body_end)]
             values.release()  # held below for a copy's check: a file's chunks never at once
-            copies = functools.partial(_copied, footer, chunk, values)
-            parts.append((*_chunk_range(meta), copies))
-            parts.extend((*extra, tuple) for extra in extras)
+            parts.extend(owns)
+            size += sum(end - start for start, end, _ in owns)
+        owned.append(size)
     parts.sort(key=lambda part: part[:2])
     at, first, size, copies = len(PARQUET_MAGIC), None, 0, tuple
     for start, end, entries in [*parts, (body_end, body_end, tuple)]:
@@ -666,6 +693,20 @@ def _stray_bytes(
             first, size = at if first is None else first, size + start - at
         at, copies = end, entries
     return None if first is None else StrayBytes(first, size)
+
+
+# The bytes each row group of an open Parquet file owns (_stray_bytes), for group_bytes.
+_OWNED: weakref.WeakKeyDictionary[IO[bytes], list[int]] = weakref.WeakKeyDictionary()
+
+
+def group_bytes(raw: IO[bytes], group: int) -> int:
+    """The bytes a row group of a file parquet_file opened (raw) owns: its column chunks and
+    the column index, offset index and bloom filter each points to, the parts _stray_bytes
+    accounts for. What a letter refusing or breaking the group weighs, so a part no check
+    reads (a chunk over the ceiling: its statistics and bloom filter held to nothing) is
+    accounted for only as weighed by its group's letter, the group refused in every reader
+    (oversized_pages)."""
+    return _OWNED[raw][group]
 
 
 def _copied(footer: Footer, chunk: dict[int, Any], values: _ChunkValues) -> tuple[bytes, ...]:
@@ -819,7 +860,7 @@ class _ChunkValues:
     ):
         self._raw, self._column, self._descriptor = raw, column, descriptor
         self.pages, self.max_page_bytes = pages, max_page_bytes
-        self.oversized = any(max(page.size, page.stored) > max_page_bytes for page in pages)
+        self.oversized = any(over_ceiling(page, max_page_bytes) for page in pages)
         self._data: dict[int, bytes] = {}
         self._width = fixed_value_bytes(column.physical_type, descriptor.length)
         # the chunk's one dictionary page, its first (_pages refuses any other)
@@ -1328,19 +1369,19 @@ def oversized_pages(
     levels than max_cell_bytes takes as JSON, the most in one row of each column summed,
     counted from the repetition levels (chunk_levels), is refused. A level is a value, a null
     or an empty list: a byte at least, and a comma parts it from the next (a cell of L levels
-    is 2 L - 1 bytes at least). Only the top-level columns named are looked at (all
-    when None)."""
+    is 2 L - 1 bytes at least). A page over the ceiling refuses its group whatever columns
+    are read: parquet_file's checks leave such a page unread, trusting its group is never
+    read. The rest looks at the top-level columns named alone (all when None)."""
     row_group = metadata.row_group(group)
-    read = [
-        index
-        for index in range(row_group.num_columns)
-        if columns is None or row_group.column(index).path_in_schema.split(".")[0] in columns
-    ]
     most = 0  # the most levels a row holds, column by column, summed
     try:
-        for index in read:
-            column = row_group.column(index)
+        chunks = [row_group.column(index) for index in range(row_group.num_columns)]
+        for column in chunks:
             _check_ceiling(chunk_pages(raw, column), group, column, max_cell_bytes)
+        for index, column in enumerate(chunks):
+            if columns is not None and column.path_in_schema.split(".")[0] not in columns:
+                continue
+            _check_average(chunk_pages(raw, column), group, column, max_cell_bytes)
             repeats = metadata.schema.column(index).max_repetition_level
             most += checked_levels(raw, column, repeats).most
     except _OverCeiling as err:
@@ -1361,19 +1402,28 @@ class _OverCeiling(Exception):
 def _check_ceiling(
     pages: Iterable[Page], group: int, column: pq.ColumnChunkMetaData, max_cell_bytes: int
 ) -> None:
-    """Each page checked against the reader's ceiling (_OverCeiling), from its header alone:
-    before any is read."""
+    """Each page checked against the reader's ceiling (over_ceiling: _OverCeiling), from its
+    header alone: before any is read."""
     for page in pages:
-        where = (
-            f"row group {group}'s column {column.path_in_schema} has a page of {page.size} bytes"
-        )
-        if page.size > PAGE_BOUND_MULTIPLE * max_cell_bytes:
+        if over_ceiling(page, PAGE_BOUND_MULTIPLE * max_cell_bytes):
             raise _OverCeiling(
-                f"{where}, over the reader's ceiling of {PAGE_BOUND_MULTIPLE} x {max_cell_bytes}"
+                f"row group {group}'s column {column.path_in_schema} has a page of "
+                f"{max(page.size, page.stored)} bytes, over the reader's ceiling of "
+                f"{PAGE_BOUND_MULTIPLE} x {max_cell_bytes}"
             )
+
+
+def _check_average(
+    pages: Iterable[Page], group: int, column: pq.ColumnChunkMetaData, max_cell_bytes: int
+) -> None:
+    """Each page of a column read checked for values averaging over max_cell_bytes
+    (_OverCeiling: one at least is), from its header alone."""
+    for page in pages:
         if page.size > max_cell_bytes * max(page.values, 1):
             raise _OverCeiling(
-                f"{where} for {page.values} value(s): one at least is over {max_cell_bytes}"
+                f"row group {group}'s column {column.path_in_schema} has a page of "
+                f"{page.size} bytes for {page.values} value(s): one at least is over "
+                f"{max_cell_bytes}"
             )
 
 

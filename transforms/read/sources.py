@@ -39,6 +39,7 @@ from kvtrace.transforms.read.paths import (
     broken_off,
     child_fields,
     compression_of,
+    group_bytes,
     is_parquet,
     open_raw,
     open_stream,
@@ -399,13 +400,13 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
             first = 0  # the file's number of the group's first row, counted as groups go by
             for group in range(parquet.num_row_groups):
                 if why := oversized_pages(raw, parquet.metadata, group, max_record_bytes):
-                    yield _unread_group(path, parquet.metadata, group, first, why, stored)
+                    yield _unread_group(path, raw, parquet.metadata, group, first, why, stored)
                 else:
                     yield from _row_group(
                         path, raw, parquet, group, first, max_record_bytes, stored, share
                     )
                 first += parquet.metadata.row_group(group).num_rows
-                reached += group_stored_bytes(parquet.metadata, group, stored)
+                reached += group_stored_bytes(raw, group, stored)
     except FooterOverBound as err:
         yield DeadLetter(
             path,
@@ -428,12 +429,10 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
         yield share.letter(path)
 
 
-def group_stored_bytes(metadata: pq.FileMetaData, group: int, stored: int) -> int:
-    """A row group's bytes as stored: its column chunks', at most the file's (`stored`), as a
-    footer's sizes are claims."""
-    row_group = metadata.row_group(group)
-    chunks = sum(row_group.column(i).total_compressed_size for i in range(row_group.num_columns))
-    return min(max(chunks, 0), stored)
+def group_stored_bytes(raw: IO[bytes], group: int, stored: int) -> int:
+    """A row group's bytes as stored: those it owns (paths.group_bytes: its column chunks and
+    their indexes and bloom filters), at most the file's (`stored`)."""
+    return min(group_bytes(raw, group), stored)
 
 
 def _row_group(
@@ -459,7 +458,7 @@ def _row_group(
     try:
         for run in sized_rows(raw, parquet, group, max_record_bytes, PARQUET_BATCH_ROWS):
             if run.first == 0:
-                share.stored += group_stored_bytes(parquet.metadata, group, stored)
+                share.stored += group_stored_bytes(raw, group, stored)
             share.sized += run.size
             if run.rows is None:
                 yield DeadLetter(
@@ -482,7 +481,7 @@ def _row_group(
             b"",
             DAMAGED_FILE,
             f"row group {group} of {parquet.num_row_groups} unreadable after {read} rows: {err}",
-            lost_bytes=unread_bytes(group_stored_bytes(parquet.metadata, group, stored), 0),
+            lost_bytes=unread_bytes(group_stored_bytes(raw, group, stored), 0),
         )
 
 
@@ -559,7 +558,13 @@ def _ns_kept(kind: pa.DataType, read: pa.DataType) -> pa.DataType:
 
 
 def _unread_group(
-    path: str, metadata: pq.FileMetaData, group: int, first: int, why: str, stored: int
+    path: str,
+    raw: IO[bytes],
+    metadata: pq.FileMetaData,
+    group: int,
+    first: int,
+    why: str,
+    stored: int,
 ) -> DeadLetter:
     """The one too_large dead letter of a row group refused unread (first: its first row's
     number), counted as one record read and rejected: how many rows it holds is known only by
@@ -573,7 +578,7 @@ def _unread_group(
         "too_large",
         f"row group {group} (rows {first} to {first + claimed - 1}, {claimed} as its footer "
         f"claims) not read: {why} (--max-record-bytes)",
-        lost_bytes=unread_bytes(group_stored_bytes(metadata, group, stored), 0),
+        lost_bytes=unread_bytes(group_stored_bytes(raw, group, stored), 0),
     )
 
 

@@ -23,7 +23,14 @@ from backports import zstd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import records_of
+from helpers import (
+    parquet_footer,
+    records_of,
+    thrift_decode,
+    thrift_encode,
+    thrift_field,
+    with_parquet_footer,
+)
 from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.read.decompress import DECODED_CHUNK_BYTES, DecodedStream
 from kvtrace.transforms.read.parquet_payload import decompressed
@@ -288,6 +295,35 @@ def test_a_page_header_nested_past_the_bound_in_any_container_is_a_value_error(t
     path.write_bytes(container * 5000)
     with open(path, "rb") as raw, pytest.raises(ValueError, match="not the format's"):
         _page_header(raw, 0)
+
+
+def test_a_page_stored_over_the_ceiling_is_over_it_however_small_its_values(tmp_path):
+    """The ceiling is one rule (paths.over_ceiling), by the larger of a page's stored and
+    decompressed sizes: the body check leaves such a page unread, so every reader refuses its
+    group for it; left unread and stored uncompressed, it must store exactly its size."""
+    bound = 4096
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"n": [1, 2, 3]}), buffer, use_dictionary=False, compression="none")
+    data = buffer.getvalue()
+    column = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0).column(0)
+    at, end = column.data_page_offset, column.data_page_offset + column.total_compressed_size
+    header, payload_at = thrift_decode(data, at)
+    payload = data[payload_at:end] + bytes(3 * bound)  # a stored tail past 2 x the bound
+    thrift_field(header, 3)[2] = len(payload)  # compressed_page_size alone
+    page = thrift_encode(header) + payload
+    footer, before = parquet_footer(data)
+    chunk = thrift_field(thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][0], 3)[2]
+    for field in (6, 7):  # total_uncompressed_size, total_compressed_size
+        thrift_field(chunk, field)[2] += len(page) - (end - at)
+    crafted = with_parquet_footer(before[:at] + page + before[end:], footer)
+    raw = io.BytesIO(crafted)
+    why = oversized_pages(raw, pq.ParquetFile(raw).metadata, 0, bound)
+    assert why and f"ceiling of {PAGE_BOUND_MULTIPLE} x {bound}" in why
+    path = tmp_path / "tail.parquet"
+    path.write_bytes(crafted)
+    with pytest.raises(ValueError, match="stores .* bytes, its header's size"):
+        with parquet_file(str(path), bound):
+            pass
 
 
 def test_a_page_ceiling_refuses_pages_of_many_values_over_it(tmp_path):

@@ -594,6 +594,22 @@ def test_a_line_refused_unread_weighs_its_bytes_however_many_records_it_holds(tm
     assert len(read) == 3
 
 
+def test_a_row_group_refused_unread_weighs_every_byte_it_owns(tmp_path):
+    """A chunk holding a page over the ceiling is never decompressed, so its column index's
+    statistics and its bloom filter, outside its pages, are checked against nothing: they are
+    the group's as much as its chunks, and its letter weighs them all (paths.group_bytes),
+    the whole body here, however a crafted file fills them."""
+    path = tmp_path / "logs.parquet"
+    table = pa.table({"prompt": ["x" * 50_000, "y"], "n": [1, 2]})
+    options = {"prompt": {"ndv": 2}, "n": {"ndv": 2}}
+    pq.write_table(table, path, write_page_index=True, bloom_filter_options=options)
+    data = path.read_bytes()
+    footer = int.from_bytes(data[-8:-4], "little")
+    [letter] = read_range(FileRange(str(path), 0, None), 4000)
+    assert letter.reason == "too_large"
+    assert letter.lost_bytes == len(data) - 4 - footer - 8  # all but the magics and footer
+
+
 def test_a_line_refused_unread_before_a_break_is_weighed_once(tmp_path):
     """An oversized line the compressed stream breaks off in: its letter weighs its bytes as
     stored, and the break's letter none of them again (nothing was read past it)."""
