@@ -605,7 +605,7 @@ def test_a_row_group_refused_unread_weighs_every_byte_it_owns(tmp_path):
     pq.write_table(table, path, write_page_index=True, bloom_filter_options=options)
     data = path.read_bytes()
     footer = int.from_bytes(data[-8:-4], "little")
-    [letter] = read_range(FileRange(str(path), 0, None), 4000)
+    [letter] = records_of(FileRange(str(path), 0, None), 4000)
     assert letter.reason == "too_large"
     assert letter.lost_bytes == len(data) - 4 - footer - 8  # all but the magics and footer
 
