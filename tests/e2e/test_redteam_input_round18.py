@@ -73,7 +73,6 @@ def _group_behind_a_stored_tail(tmp_path: Path) -> Path:
     return source
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 def test_a_row_group_behind_a_pages_stored_tail_past_the_ceiling_loses_none_silently(
     tiny_tokenizer, tmp_path
 ):
