@@ -599,7 +599,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     # read only once every check that needs none of it has passed (_with_inputs).
     files = [] if stream else expand_inputs([p for p in options["input"] if p != STANDARD_INPUT])
     reads_stdin = not stream and STANDARD_INPUT in options["input"]
-    stdin = _standard_input() if reads_stdin else None
+    stdin = _standard_input(engine, flags) if reads_stdin else None
     configs = [config_path(p) for arg in args.config for p in arg.split(",") if p]
     salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
     _check_template_kwargs_salt(options, salt)
@@ -742,11 +742,20 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     return 0
 
 
-def _standard_input() -> IO[bytes]:
-    """Standard input's bytes; refused in one line when it is closed (`<&-`: no stream at all),
-    before any work."""
+def _standard_input(engine: str, flags: list[str]) -> IO[bytes]:
+    """Standard input's bytes; refused in one line, before any work, when it is closed (`<&-`:
+    no stream at all) or a remote runner would read it: it is spooled to a file of this
+    process's (/proc/PID/fd/N), which no other machine's workers can open."""
     if sys.stdin is None:
         raise ConfigError("--input - reads standard input, which is closed: pipe a log in")
+    if engine == "beam":
+        from kvtrace.pipelines.runner import is_remote, pipeline_options
+
+        if is_remote(pipeline_options(flags)):
+            raise ConfigError(
+                "--input - is spooled on this machine, where a remote runner's workers cannot "
+                "read it: give the log as a file they can reach (gs://, s3://, a shared path)"
+            )
     return sys.stdin.buffer
 
 

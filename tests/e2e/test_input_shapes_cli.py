@@ -129,6 +129,26 @@ def test_an_output_another_run_holds_is_refused_before_reading_standard_input(
         )
 
 
+@pytest.mark.beam
+@pytest.mark.parametrize("runner", ["FlinkRunner", "DataflowRunner", "PortableRunner"])
+def test_standard_input_on_a_remote_runner_is_refused_before_reading_it(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys, runner
+):
+    """Standard input is spooled to a file of this process's (/proc/PID/fd/N), which a remote
+    runner's workers cannot open: refused up front, never a job whose every read fails."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(Untouchable())))
+    code = anonymize(
+        tiny_tokenizer, ["-"], tmp_path / "out", "--engine", "beam", "--runner", runner
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().splitlines() == [
+        "error: --input - is spooled on this machine, where a remote runner's workers cannot "
+        "read it: give the log as a file they can reach (gs://, s3://, a shared path)"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_closed_standard_input_is_refused_in_one_line(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):

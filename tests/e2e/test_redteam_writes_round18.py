@@ -26,7 +26,6 @@ os.mkdir = _full_for_the_probe
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 def test_a_full_disk_met_by_the_rename_probe_is_a_job_that_stopped(tiny_tokenizer, tmp_path):
     """kvtrace/cli.py: storage running out (ENOSPC, EDQUOT, EFBIG) "is a job that stopped (1
     ...), never a refusal (2)": exit 2 tells a scheduler the command line is wrong and a retry

@@ -892,6 +892,31 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
             prove_folder_rename(location, proven)
 
 
+# The errors by which a folder refuses the probe's mkdir or rename however often it is
+# retried: no access, read-only, not a folder, a name there kvtrace cannot clear, too long a
+# path, too many folders in it, renames across its layers (EXDEV) or of folders unsupported.
+# Those alone are "write elsewhere" (2); any other (a full disk or quota, an I/O error, the
+# folder gone meanwhile) propagates, and the CLI's one rule on storage running out decides
+# the exit.
+UNFIT_PLACE = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOTDIR,
+        errno.EEXIST,
+        errno.ENOTEMPTY,
+        errno.ENAMETOOLONG,
+        errno.ELOOP,
+        errno.EMLINK,
+        errno.EXDEV,
+        errno.EINVAL,
+        errno.ENOSYS,
+        errno.EOPNOTSUPP,
+    }
+)
+
+
 def prove_folder_rename(location: Location, proven: set[str]) -> None:
     """Refuse, before the work, a local folder output where folders cannot be renamed (an
     overlay filesystem without redirect_dir refuses with EXDEV): it is published by renaming
@@ -917,7 +942,9 @@ def prove_folder_rename(location: Location, proven: set[str]) -> None:
         _remove_probe(made, renamed)  # a killed prover's, if any
         try:
             os.mkdir(made, 0o700)
-        except OSError as err:  # a full disk or no write access: not a rename refused
+        except OSError as err:
+            if err.errno not in UNFIT_PLACE:
+                raise
             raise OutputRefused(
                 f"{location.flag} {location.path}: no folder can be made in {folder} "
                 f"({err.strerror}): write elsewhere"
@@ -925,6 +952,8 @@ def prove_folder_rename(location: Location, proven: set[str]) -> None:
         try:
             os.rename(made, renamed)
         except OSError as err:
+            if err.errno not in UNFIT_PLACE:
+                raise
             raise OutputRefused(
                 f"{location.flag} {location.path}: no folder can be renamed in "
                 f"{folder} ({err.strerror}), and kvtrace publishes "

@@ -4,6 +4,7 @@ was for, and its names are no output."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -29,19 +30,41 @@ def test_a_probes_name_is_never_an_output(tmp_path, name, kind):
 
 
 @pytest.mark.parametrize(
-    ("failing", "said"),
-    [("mkdir", "no folder can be made"), ("rename", "no folder can be renamed")],
+    ("failing", "code", "said"),
+    [
+        ("mkdir", errno.EACCES, "no folder can be made"),
+        ("rename", errno.EXDEV, "no folder can be renamed"),
+    ],
 )
-def test_the_probe_says_which_step_failed(tmp_path, monkeypatch, failing, said):
-    """A full disk fails the probe's mkdir, not a rename: the refusal names the step that failed
-    and the system's reason."""
+def test_the_probe_says_which_step_failed(tmp_path, monkeypatch, failing, code, said):
+    """A folder that refuses the probe is refused in one line naming the step that failed and
+    the system's reason."""
 
-    def full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
+    def refused(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(os, failing, full)
+    monkeypatch.setattr(os, failing, refused)
     out = Location("--output", str(tmp_path / "out"), FOLDER, writer="analyze")
-    with pytest.raises(OutputRefused, match=f"{said} in .*No space left on device"):
+    with pytest.raises(OutputRefused, match=f"{said} in .*{os.strerror(code)}"):
         plan_locations([], [out])
     monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("failing", ["mkdir", "rename"])
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO])
+def test_a_probe_met_by_storage_running_out_is_no_refusal(tmp_path, monkeypatch, failing, code):
+    """Only a folder unfit for good is "write elsewhere": a full disk (or an I/O error) meets
+    the probe as the system's own error, which the CLI's storage rule makes a job that
+    stopped, and nothing of the probe stays."""
+
+    def failed(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, failing, failed)
+    out = Location("--output", str(tmp_path / "out"), FOLDER, writer="analyze")
+    with pytest.raises(OSError) as raised:
+        plan_locations([], [out])
+    monkeypatch.undo()
+    assert raised.value.errno == code
     assert os.listdir(tmp_path) == []
