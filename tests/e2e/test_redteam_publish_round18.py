@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import anonymize
+from helpers import anonymize, chat, dynamo_request_end, kvtrace_token_ids, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
@@ -45,3 +45,47 @@ def test_a_night_of_no_records_is_refused_by_anonymize_or_passed_by_audit(
         assert not out.exists()
         return
     assert _audited(out, tiny_tokenizer, capsys) == (0, [])
+
+
+def _rounded_past_the_range(tokenizer: str, folder: Path, field: str) -> tuple[Path, list[str]]:
+    """A log of five requests, one whose `field` is 2^31 - 1 (the largest the reader takes), and
+    the run's rounding options: output lengths rounded to 1000 (a chat log), or response times
+    to 1000 ms with the timestamps (a Dynamo request trace, whose response time is its
+    request_end's event time less its receipt)."""
+    records = [chat(i, 1_000 * i) for i in range(5)]
+    if field == "output_length":
+        records[1]["output_length"] = 2**31 - 1
+        return write_jsonl(folder / "in.jsonl", records), ["--length-granularity", "1000"]
+    ids = kvtrace_token_ids(tokenizer, records)
+    captured = [dynamo_request_end(r["timestamp"], t, 4, 3) for r, t in zip(records, ids)]
+    captured[1]["event_time_unix_ms"] = captured[1]["request"]["request_received_ms"] + 2**31 - 1
+    options = ["--capture", "dynamo-request-trace", "--block-size", "4"]
+    return write_jsonl(folder / "in.jsonl", captured), [
+        *options,
+        "--timestamp-granularity-ms",
+        "1000",
+    ]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 18")
+@pytest.mark.parametrize("field", ["output_length", "response_ms"])
+def test_a_value_rounded_up_past_the_published_range_is_not_published(
+    tiny_tokenizer, tmp_path, capsys, field
+):
+    """What anonymize publishes, the audit passes. The reader takes a count up to 2^31 - 1
+    (records.MAX_COUNT, the published range trace_format.MAX_OUTPUT_LENGTH and MAX_RESPONSE_MS);
+    coarsen.round_to then rounds half up with no bound, so 2^31 - 1 at a step of 1000 is
+    published as 2,147,484,000, outside the range the audit holds every row to: anonymize exits
+    0 and `kvtrace audit`, given the run's own options, flags the whole night ("integers outside
+    [0, 2147483647]"). Promised: the row published within the range (rounded down at the bound,
+    or the record a dead letter), and the folder passes."""
+    src, options = _rounded_past_the_range(tiny_tokenizer, tmp_path, field)
+    out = tmp_path / "out"
+    run = ["anonymize", "--input", str(src), "--output", str(out), "--quiet", *options]
+    tokenizer = [] if field == "response_ms" else ["--tokenizer", tiny_tokenizer]  # a capture's
+    assert main([*run, *tokenizer]) == 0
+    capsys.readouterr()
+    report = tmp_path / "audit.json"
+    assert main(["audit", str(out), "--json", str(report), *tokenizer, *options]) == 0, json.loads(
+        report.read_text()
+    )["flags"]
