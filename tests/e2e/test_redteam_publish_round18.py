@@ -1,0 +1,91 @@
+"""Red team round 18, the gate's publishing side (nothing private published; the audit fails
+closed, and passes what kvtrace itself writes): reproducers of what anonymize publishes and
+`kvtrace audit` refuses. Each asserts the promised behaviour, so each fails until it is fixed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import anonymize, chat, dynamo_request_end, kvtrace_token_ids, write_jsonl
+from kvtrace.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def _audited(folder: Path, tokenizer: str, capsys) -> tuple[int, list[str]]:
+    """audit's exit code and flags on folder, as the run was given (no option but the tokenizer)."""
+    report = folder.parent / "audit.json"
+    code = main(["audit", str(folder), "--tokenizer", tokenizer, "--json", str(report)])
+    capsys.readouterr()
+    return code, json.loads(report.read_text())["flags"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 18")
+@pytest.mark.parametrize("log", [b"", b"\n\n"], ids=["empty", "blank-lines"])
+def test_a_night_of_no_records_is_refused_by_anonymize_or_passed_by_audit(
+    tiny_tokenizer, tmp_path, capsys, log
+):
+    """What anonymize publishes, the audit passes (AUDIT.md: "passes only what kvtrace itself
+    writes"). A night whose log holds no record at all (a quiet night's empty file) exits 0 and
+    publishes a whole folder (manifest `records.exported: 0`, stats of zeros, empty shards);
+    `kvtrace audit` of it, given the run's own options, refuses it: "no trace rows: nothing to
+    publish, or not a kvtrace output". A nightly job that gates on the audit stops on kvtrace's
+    own output. A night whose every record is rejected already fails (ANONYMIZE.md: "nothing to
+    publish"); a night of none read must agree with one or the other: anonymize fails it the
+    same way (exit 1, no folder), or the audit passes the folder it wrote."""
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(log)
+    out = tmp_path / "out"
+    code = anonymize(tiny_tokenizer, [src], out, "--quiet")
+    capsys.readouterr()
+    if code != 0:
+        assert not out.exists()
+        return
+    assert _audited(out, tiny_tokenizer, capsys) == (0, [])
+
+
+def _rounded_past_the_range(tokenizer: str, folder: Path, field: str) -> tuple[Path, list[str]]:
+    """A log of five requests, one whose `field` is 2^31 - 1 (the largest the reader takes), and
+    the run's rounding options: output lengths rounded to 1000 (a chat log), or response times
+    to 1000 ms with the timestamps (a Dynamo request trace, whose response time is its
+    request_end's event time less its receipt)."""
+    records = [chat(i, 1_000 * i) for i in range(5)]
+    if field == "output_length":
+        records[1]["output_length"] = 2**31 - 1
+        return write_jsonl(folder / "in.jsonl", records), ["--length-granularity", "1000"]
+    ids = kvtrace_token_ids(tokenizer, records)
+    captured = [dynamo_request_end(r["timestamp"], t, 4, 3) for r, t in zip(records, ids)]
+    captured[1]["event_time_unix_ms"] = captured[1]["request"]["request_received_ms"] + 2**31 - 1
+    options = ["--capture", "dynamo-request-trace", "--block-size", "4"]
+    return write_jsonl(folder / "in.jsonl", captured), [
+        *options,
+        "--timestamp-granularity-ms",
+        "1000",
+    ]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 18")
+@pytest.mark.parametrize("field", ["output_length", "response_ms"])
+def test_a_value_rounded_up_past_the_published_range_is_not_published(
+    tiny_tokenizer, tmp_path, capsys, field
+):
+    """What anonymize publishes, the audit passes. The reader takes a count up to 2^31 - 1
+    (records.MAX_COUNT, the published range trace_format.MAX_OUTPUT_LENGTH and MAX_RESPONSE_MS);
+    coarsen.round_to then rounds half up with no bound, so 2^31 - 1 at a step of 1000 is
+    published as 2,147,484,000, outside the range the audit holds every row to: anonymize exits
+    0 and `kvtrace audit`, given the run's own options, flags the whole night ("integers outside
+    [0, 2147483647]"). Promised: the row published within the range (rounded down at the bound,
+    or the record a dead letter), and the folder passes."""
+    src, options = _rounded_past_the_range(tiny_tokenizer, tmp_path, field)
+    out = tmp_path / "out"
+    run = ["anonymize", "--input", str(src), "--output", str(out), "--quiet", *options]
+    tokenizer = [] if field == "response_ms" else ["--tokenizer", tiny_tokenizer]  # a capture's
+    assert main([*run, *tokenizer]) == 0
+    capsys.readouterr()
+    report = tmp_path / "audit.json"
+    assert main(["audit", str(out), "--json", str(report), *tokenizer, *options]) == 0, json.loads(
+        report.read_text()
+    )["flags"]
