@@ -2,10 +2,11 @@
 found on that round's code, each xfail until fixed (strict: a fix makes it pass)."""
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from helpers import KVTRACE, ROOT, chat, kvtrace_child, under_rlimit, write_jsonl
+from helpers import KVTRACE, ROOT, SALT, chat, kvtrace_child, read_jsonl, under_rlimit, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +63,38 @@ def test_a_preset_of_one_sexagesimal_integer_costs_no_unbounded_cpu(tiny_tokeniz
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert str(preset) in done.stderr
+
+
+def _lengths(tokenizer: str, tmp_path: Path, name: str, record: dict, *extra: str) -> list:
+    """The input lengths anonymize publishes for a log of the record and a later clean chat (a
+    night never empty), and its letters' count."""
+    log = write_jsonl(tmp_path / f"{name}.jsonl", [record, chat(1, 60_000)])
+    out = tmp_path / name
+    done = kvtrace_child(
+        "anonymize", "--input", str(log), "--tokenizer", tokenizer, "--block-size", "4",
+        "--salt-file", str(tmp_path / "salt"), "--output", str(out),
+        "--max-rejected-fraction", "1", "--processes", "1", "--quiet", *extra,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [row["input_length"] for row in read_jsonl(next(out.glob("trace-*.jsonl")))]
+    letters = sum(len(read_jsonl(p)) for p in Path(f"{out}-rejected").glob("*.jsonl"))
+    return [rows, letters]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 18")
+def test_a_requests_own_chat_template_kwargs_give_no_made_up_length(qwen3_tokenizer, tmp_path):
+    """Values as the serving engine reads them, never a made-up length. An OpenAI chat request
+    may carry its own `chat_template_kwargs` (`{"enable_thinking": false}`, the usual way to
+    turn Qwen3's thinking off per request), which the engine renders its prompt with; anonymize
+    reads none of a record's own template fields (nor `add_generation_prompt`,
+    `continue_final_message`, `chat_template`): it renders with the run's
+    --chat-template-kwargs and publishes that length (13 tokens for the engine's 17). The record
+    must be rendered as the engine did, or be a letter."""
+    (tmp_path / "salt").write_text(SALT)
+    record = {"timestamp": 0, "messages": [{"role": "user", "content": "what is a prefix cache"}]}
+    record["output_length"] = 3
+    engine = _lengths(qwen3_tokenizer, tmp_path, "engine", record, "--chat-template-kwargs",
+                      '{"enable_thinking": false}')  # fmt: skip
+    own = _lengths(qwen3_tokenizer, tmp_path, "own",
+                   {**record, "chat_template_kwargs": {"enable_thinking": False}})  # fmt: skip
+    assert len(engine[0]) == 2 and own in ([engine[0][:1] + own[0][1:], 0], [own[0][-1:], 1])
