@@ -277,6 +277,7 @@ def pass_gate(
             rejected.lost_bytes,
             config.input_bytes,
             tuple(sorted(rejected.reasons, key=lambda item: (-item[1], item[0]))),
+            len(config.inputs),
         ),
         config.max_rejected_fraction,
         dict(rejected.reasons),

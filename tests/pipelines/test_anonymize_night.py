@@ -77,7 +77,9 @@ def letter(reason: str = "bad_json") -> DeadLetter:
 def test_the_gate_passes_counts_and_refuses_too_much_rejected_or_time_before_the_origin(tmp_path):
     job = config(tmp_path, max_rejected_fraction=0.5)
     counts = pass_gate(job, 4, Tally.of([letter()]), 1_000, None)
-    assert counts == RecordCounts(4, 1, 0, 100, (("bad_json", 1),))
+    assert counts == RecordCounts(4, 1, 0, 100, (("bad_json", 1),), 1)
+    with pytest.raises(JobStopped, match=r"no records read from --input \(1 file, 100 bytes\)"):
+        pass_gate(job, 0, Tally(), None, None)
     assert pass_gate(job, 4, Tally(), None, 5_000).rejected == 0  # no request: nothing early
     with pytest.raises(JobStopped, match="too much input rejected.*bad_json"):
         pass_gate(job, 4, Tally.of([letter()] * 3), 1_000, None)

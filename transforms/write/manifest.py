@@ -60,6 +60,7 @@ class RecordCounts:
     input_bytes: int = 0
     # (reason, count) of the rejected records, commonest first: the operator's summary says them.
     reasons: tuple[tuple[str, int], ...] = ()
+    input_files: int = 0  # the files read (expanded --input): said when none held a record
 
     def rejected_fraction(self) -> float:
         """The larger of the records rejected and the input bytes lost, at most all of them (a
@@ -76,8 +77,9 @@ def check_rejected_fraction(
     counts: RecordCounts, max_fraction: float | None, reasons: dict[str, int] | None = None
 ) -> RecordCounts:
     """Fail the job, before any trace file is written, when more than max_fraction of the input
-    was rejected, or all of it (nothing to publish); None turns the gate off (a stream's window
-    must not stop the stream). The one-line message names the commonest dead-letter reasons
+    was rejected, or all of it, or none was read (nothing to publish either way: a night exports
+    a record or publishes nothing); None turns the gate off (a stream's window must not stop the
+    stream). The one-line message names the commonest dead-letter reasons
     (reasons: reason -> count) and the input shape kvtrace reads, said for the commonest one."""
     if max_fraction is None:
         return counts
@@ -88,7 +90,13 @@ def check_rejected_fraction(
             f"--block-size, and kvtrace never re-cuts an engine's blocks: rerun with "
             f"--block-size set to the capture's (Dynamo: trace_block_size)"
         )
-    every = counts.read > 0 and counts.rejected == counts.read
+    if counts.read == 0 and counts.rejected == 0:  # a quiet night's empty log: no row to prove
+        raise JobStopped(
+            f"no records read from --input ({counts.input_files} "
+            f"file{'' if counts.input_files == 1 else 's'}, {counts.input_bytes} bytes): "
+            f"nothing to publish"
+        )
+    every = counts.rejected >= counts.read  # not one record exported
     if counts.rejected_fraction() <= max_fraction and not every:
         return counts
     top = sorted((reasons or {}).items(), key=lambda item: (-item[1], item[0]))[:3]

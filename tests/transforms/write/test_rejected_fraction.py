@@ -1,5 +1,6 @@
 """The rejected-share gate on its own: off for a stream's window, refusing a night that rejected
-more than its bound or everything, its message one line with the commonest reasons first."""
+more than its bound or everything or read nothing, its message one line with the commonest
+reasons first."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ def test_no_bound_lets_anything_through():  # a stream's window: the stream must
 
 
 @pytest.mark.parametrize(
-    "counts",
-    [RecordCounts(4, 2), RecordCounts(0, 0), RecordCounts(4, 0, lost_bytes=5, input_bytes=10)],
+    "counts", [RecordCounts(4, 2), RecordCounts(4, 0, lost_bytes=5, input_bytes=10)]
 )
 def test_up_to_the_bound_passes(counts):
     assert check_rejected_fraction(counts, 0.5) is counts
@@ -25,6 +25,21 @@ def test_up_to_the_bound_passes(counts):
 def test_every_record_rejected_is_refused_under_any_bound():
     with pytest.raises(JobStopped, match="every record rejected: nothing to publish"):
         check_rejected_fraction(RecordCounts(2, 2), 1.0, {"no_input": 2})
+
+
+@pytest.mark.parametrize("bound", [0.0, 1.0])
+def test_no_record_read_is_refused_under_any_bound_naming_the_inputs(bound):
+    # A night of no record exports none, as one of every record rejected: nothing to publish.
+    with pytest.raises(JobStopped) as stopped:
+        check_rejected_fraction(RecordCounts(0, 0, input_bytes=2, input_files=3), bound)
+    assert JobStopped.message_in(stopped.value) == (
+        "no records read from --input (3 files, 2 bytes): nothing to publish"
+    )
+
+
+def test_a_rejection_with_no_record_read_is_still_nothing_to_publish():
+    with pytest.raises(JobStopped, match="every record rejected: nothing to publish"):
+        check_rejected_fraction(RecordCounts(0, 1), 1.0, {"damaged_file": 1})
 
 
 def test_the_message_is_one_line_with_reasons_by_count_then_name():
