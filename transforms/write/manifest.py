@@ -93,7 +93,8 @@ def check_rejected_fraction(
     if counts.read == 0 and counts.rejected == 0:  # a quiet night's empty log: no row to prove
         raise JobStopped(
             f"no records read from --input ({counts.input_files} "
-            f"file{'' if counts.input_files == 1 else 's'}, {counts.input_bytes} bytes): "
+            f"file{'' if counts.input_files == 1 else 's'}, {counts.input_bytes} "
+            f"byte{'' if counts.input_bytes == 1 else 's'}): "
             f"nothing to publish"
         )
     every = counts.rejected >= counts.read  # not one record exported
