@@ -16,7 +16,6 @@ GOOD = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 def test_render_of_a_trace_with_no_readable_row_publishes_nothing(qwen3_tokenizer, tmp_path):
     """Exit codes right, and a failed run publishes nothing (round 2's rule, kept for
     synthesize, reuse, report, analyze by common.require_rows): `kvtrace render` of a trace
