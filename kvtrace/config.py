@@ -28,10 +28,61 @@ MAX_VALUES = 100_000
 # near 1,000 (`a: [[[[...` would be a RecursionError, not a one-line error).
 MAX_DEPTH = 32
 MAX_CONFIG_BYTES = 1 << 20
+# A preset's numbers are counts, sizes and fractions: a 64-bit integer is 20 digits. A longer
+# numeric scalar is refused before it is built (Python builds a long integer in quadratic time).
+MAX_NUMBER_CHARS = 40
+INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+# YAML 1.1's numbers without base 60 (`1:30` is the string YAML 1.2 reads, not 90): the safe
+# loader builds `59:59:...` one base-60 digit at a time, a growing integer multiplied each step.
+_NUMBERS = (
+    (
+        INT_TAG,
+        r"""^(?:[-+]?0b[0-1_]+
+        |[-+]?0[0-7_]+
+        |[-+]?(?:0|[1-9][0-9_]*)
+        |[-+]?0x[0-9a-fA-F_]+)$""",
+        "-+0123456789",
+    ),
+    (
+        FLOAT_TAG,
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+        |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        "-+0123456789.",
+    ),
+)
+
+
+class _LongNumber(Exception):
+    """A numeric scalar over MAX_NUMBER_CHARS: the key it is under, its length and line."""
+
+    def __init__(self, key: str | None, node: yaml.ScalarNode):
+        super().__init__(
+            f"{'the document' if key is None else repr(key)} holds a number of "
+            f"{len(node.value):,} characters (line "
+            f"{node.start_mark.line + 1}; at most {MAX_NUMBER_CHARS})"
+        )
+
+
+def _without_base_60(resolvers: dict[Any, list]) -> dict[Any, list]:
+    """The safe loader's implicit resolvers with _NUMBERS in place of its numbers."""
+    kept = {
+        first: [(tag, regexp) for tag, regexp in pairs if tag not in (INT_TAG, FLOAT_TAG)]
+        for first, pairs in resolvers.items()
+    }
+    for tag, pattern, firsts in _NUMBERS:
+        regexp = re.compile(pattern, re.X)
+        for first in firsts:
+            kept.setdefault(first, []).append((tag, regexp))
+    return kept
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing more than MAX_ALIASES aliases and nesting past MAX_DEPTH."""
+    """YAML's safe loader, refusing more than MAX_ALIASES aliases and nesting past MAX_DEPTH,
+    reading no base-60 number and building no number over MAX_NUMBER_CHARS."""
+
+    yaml_implicit_resolvers = _without_base_60(yaml.SafeLoader.yaml_implicit_resolvers)
 
     aliases = 0
     depth = 0
@@ -48,6 +99,35 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
+
+    def construct_document(self, node: Any) -> Any:
+        _check_numbers(node)  # every scalar, tagged implicitly or explicitly, before any is built
+        return super().construct_document(node)
+
+
+def _check_numbers(root: yaml.Node) -> None:
+    """_LongNumber for the first int or float scalar over MAX_NUMBER_CHARS, named by the key it is
+    under (its own, if it is a key: a mapping's keys are built too)."""
+    stack: list[tuple[yaml.Node, str | None]] = [(root, None)]
+    seen: set[int] = set()  # an alias is its anchor's node: walked once
+    while stack:
+        node, key = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if node.tag in (INT_TAG, FLOAT_TAG) and len(node.value) > MAX_NUMBER_CHARS:
+                raise _LongNumber(key, node)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, key) for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                name = (
+                    key_node.value[:MAX_NUMBER_CHARS]
+                    if isinstance(key_node, yaml.ScalarNode)
+                    else key
+                )
+                stack.extend(((key_node, key), (value_node, name)))
 
 
 def _values(loaded: Any, budget: int = MAX_VALUES) -> int:
@@ -78,10 +158,12 @@ def load_bounded_yaml(path: str, what: str) -> Any:
     try:
         loaded = yaml.load(text, Loader=_BoundedLoader)
     # ValueError: a plain scalar YAML resolves but Python cannot build (an unquoted 2025-02-30
-    # is a date to YAML; an integer past Python's 4,300 digits), which the loader lets through
+    # is a date to YAML), which the loader lets through
     except (yaml.YAMLError, ValueError) as err:
         first = (str(err).splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"{what} {path}: not valid YAML ({first})") from None
+    except _LongNumber as err:
+        raise ConfigError(f"{what} {path}: {err}") from None
     if _values(loaded) > MAX_VALUES:
         raise ConfigError(f"{what} {path}: expands past {MAX_VALUES} values (an alias bomb?)")
     return loaded

@@ -7,7 +7,6 @@ the folder's manifest unless given) and runs on this machine.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from kvtrace.commands.common import (
@@ -22,7 +21,6 @@ from kvtrace.commands.common import (
     require_rows,
     stage_json,
     trace_inputs,
-    warn_malformed,
     write_json_report,
 )
 from kvtrace.presets import load_model, models
@@ -320,8 +318,7 @@ def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         args.decode_cache,
     )
     report = run_simulate(config)
-    if not _has_rows(report, files):
-        return 1
+    require_rows(report["rows"], report["problems"], files)  # before --json is written
     print(
         f"token-weighted hit rate (longest cached prefix per request), block size {block_size}"
         + (f", {per_token:,} KV bytes per token" if per_token else "")
@@ -426,12 +423,3 @@ def calibrate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     if args.output:
         print(f"plot: {args.output}")
     return 0
-
-
-def _has_rows(report: dict, files: tuple[str, ...]) -> bool:
-    """Report malformed lines on stderr; False (exit 1) when no row could be read."""
-    warn_malformed(report["problems"])
-    if not report["rows"]:
-        print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
-        return False
-    return True

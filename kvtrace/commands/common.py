@@ -157,9 +157,10 @@ def stage_json(report: StagedFile | None, payload: dict) -> None:
         report.write((json.dumps(payload, indent=2) + "\n").encode())
 
 
-def require_rows(rows: int, problems: dict, files: Sequence[str]) -> None:
-    """Malformed lines warned of; a run that read no row stops, inside its output's block, so
-    nothing it staged is published (exit 1)."""
-    warn_malformed(problems)
+def require_rows(rows: int, problems: dict | None, files: Sequence[str]) -> None:
+    """Malformed lines warned of (None: the run refused them already); a run that read no row
+    stops, inside its output's block, so nothing it staged is published (exit 1)."""
+    if problems is not None:
+        warn_malformed(problems)
     if not rows:
         raise JobStopped(f"no trace rows could be read from {', '.join(files)}")

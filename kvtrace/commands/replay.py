@@ -15,9 +15,9 @@ from kvtrace.commands.common import (
     json_report,
     no_beam_options,
     plan_trace_command,
+    require_rows,
     stage_json,
     trace_inputs,
-    warn_malformed,
 )
 from kvtrace.transforms.errors import ConfigError
 
@@ -121,11 +121,12 @@ def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     plan_trace_command(args, files, Location("--output", args.output, overwrite=args.overwrite))
     config = ExportConfig(files, args.output, args.to, block_size, args.overwrite)
     with json_report(args.json) as report_file:  # published with the output, last: both or neither
-        report = run_export(
-            config,
-            report_file,
-            lambda summary: stage_json(report_file, _published_export(summary, args.output)),
-        )
+
+        def accept(summary: dict) -> None:  # before anything is published
+            require_rows(summary["rows"], None, files)  # run_export refuses malformed rows
+            stage_json(report_file, _published_export(summary, args.output))
+
+        report = run_export(config, report_file, accept)
     print(
         f"exported {report['rows']:,} rows for {report['reader']} ({report['form']}, block "
         f"size {block_size}) -> {args.output}"
@@ -162,12 +163,16 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         files, args.output, args.tokenizer, block_size, args.shape, not args.no_verify, kwargs
     )
     with json_report(args.json) as report_file:  # published with the output, last: both or neither
-        report = run_render(config, report_file, lambda summary: stage_json(report_file, summary))
+
+        def accept(summary: dict) -> None:  # before anything is published
+            require_rows(summary["rows"], summary, files)  # warns of the malformed lines too
+            stage_json(report_file, summary)
+
+        report = run_render(config, report_file, accept)
     print(
         f"rendered {report['written']:,} of {report['rows']:,} rows as {args.shape} requests "
         f"-> {args.output} (block size {block_size})"
     )
-    warn_malformed(report)  # rows the trace could not give: said, as every trace reader does
     if report["too_short_for_the_template"]:
         print(
             f"warning: {report['too_short_for_the_template']:,} row(s) left out: no room for "

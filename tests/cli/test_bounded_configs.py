@@ -10,7 +10,7 @@ import pytest
 
 from helpers import chat, write_jsonl
 from kvtrace.cli import main
-from kvtrace.config import MAX_CONFIG_BYTES, MAX_DEPTH, load_bounded_yaml
+from kvtrace.config import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_NUMBER_CHARS, load_bounded_yaml
 from kvtrace.presets import MODEL_SIZE_BOUNDS, load_model
 from kvtrace.transforms.errors import ConfigError
 
@@ -58,7 +58,7 @@ def test_a_preset_nested_too_deep_is_one_line(tmp_path, depth):
         load_bounded_yaml(str(preset), "--config")
 
 
-@pytest.mark.parametrize("value", ["2025-02-30", "9" * 5000, "2025-01-01 00:00:00 +25:00"])
+@pytest.mark.parametrize("value", ["2025-02-30", "2025-01-01 00:00:00 +25:00"])
 def test_a_value_yaml_resolves_but_cannot_build_is_not_valid_yaml_naming_the_file(tmp_path, value):
     preset = tmp_path / "odd.yaml"
     preset.write_text(f"date: {value}\n")
@@ -66,6 +66,46 @@ def test_a_value_yaml_resolves_but_cannot_build_is_not_valid_yaml_naming_the_fil
         load_bounded_yaml(str(preset), "--config")
     message = str(refused.value)
     assert message.startswith(f"--config {preset}: ") and len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("block-size: " + "9" * 5000, "block-size"),
+        ("seed: 0x" + "f" * 100_000, "seed"),  # built in linear time, but no preset's number
+        ("fraction: 0." + "5" * 100, "fraction"),
+        ("window: !!int " + ":".join(["59"] * 1000), "window"),  # base 60 only by its tag
+        ("beam:\n  workers: [1, " + "2" * 50 + "]", "workers"),
+        ("? " + "7" * 50 + "\n: x", "the document"),  # a key is built too
+    ],
+)
+def test_a_number_over_the_bound_is_refused_naming_the_file_and_key(tmp_path, text, key):
+    preset = tmp_path / "long.yaml"
+    preset.write_text(text + "\n")
+    with pytest.raises(ConfigError, match="characters") as refused:
+        load_bounded_yaml(str(preset), "--config")
+    message = str(refused.value)
+    assert message.startswith(f"--config {preset}: ") and len(message.splitlines()) == 1
+    assert key in message and f"at most {MAX_NUMBER_CHARS}" in message
+
+
+def test_base_60_is_read_as_yaml_1_2_does_and_other_numbers_as_before(tmp_path):
+    preset = tmp_path / "numbers.yaml"
+    longest = "1" * MAX_NUMBER_CHARS
+    preset.write_text(
+        f"a: 1:30\nb: 190:20:30.15\nc: 1_000\nd: 0x1F\ne: 1.5\nf: .inf\ng: -3\nh: {longest}\n"
+    )
+    loaded = load_bounded_yaml(str(preset), "--config")
+    assert loaded == {
+        "a": "1:30",
+        "b": "190:20:30.15",
+        "c": 1000,
+        "d": 31,
+        "e": 1.5,
+        "f": float("inf"),
+        "g": -3,
+        "h": int(longest),
+    }
 
 
 def test_a_preset_nested_within_the_bound_loads(tmp_path):

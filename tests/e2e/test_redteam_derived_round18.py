@@ -16,7 +16,6 @@ GOOD = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 def test_render_of_a_trace_with_no_readable_row_publishes_nothing(qwen3_tokenizer, tmp_path):
     """Exit codes right, and a failed run publishes nothing (round 2's rule, kept for
     synthesize, reuse, report, analyze by common.require_rows): `kvtrace render` of a trace
@@ -39,7 +38,6 @@ def test_render_of_a_trace_with_no_readable_row_publishes_nothing(qwen3_tokenize
     assert out.read_bytes() == earlier, "the failed run replaced the output with an empty one"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 def test_a_preset_of_one_sexagesimal_integer_costs_no_unbounded_cpu(tiny_tokenizer, tmp_path):
     """Bounded CPU, and a one-line error naming the file. config.load_bounded_yaml bounds a
     preset's bytes (1 MiB), aliases and depth, but YAML 1.1's safe loader reads `59:59:...` as

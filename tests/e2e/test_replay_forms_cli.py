@@ -94,6 +94,22 @@ def test_a_malformed_trace_is_refused_with_its_line(tmp_path, capsys):
     assert not (tmp_path / "o.jsonl").exists()
 
 
+@pytest.mark.parametrize("consumer", ["aiperf", "dynamo-agentic", "weka", "libcachesim"])
+def test_a_trace_with_no_row_publishes_nothing(tmp_path, capsys, consumer):
+    """As every trace command (common.require_rows): an empty trace stops the run (exit 1), an
+    earlier output and its report kept as they were."""
+    (tmp_path / "t.jsonl").write_text(json.dumps(row(0, 8, 1, [0, 1])) + "\n")
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    out, report = tmp_path / "o", tmp_path / "r.json"
+    args = ["--to", consumer, "-o", str(out), "--overwrite", "--json", str(report)]
+    assert main(["export", str(tmp_path / "t.jsonl"), *args]) == 0
+    earlier = out.read_bytes(), report.read_bytes()
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "empty.jsonl"), *args]) == 1
+    assert "no trace rows could be read" in capsys.readouterr().err
+    assert (out.read_bytes(), report.read_bytes()) == earlier
+
+
 class _nothing:
     def __enter__(self):
         return self
