@@ -31,8 +31,10 @@ from kvtrace.transforms.trace_format import (
     CAPTURE_FORMATS,
     CAPTURE_SCHEME,
     DEFAULT_BLOCK_SIZE,
+    MANIFEST_SCHEMAS,
     MAX_BLOCK_SIZE,
     MAX_TEMPLATE_KWARGS,
+    OUTPUT_LENGTH_FIELD,
     SWITCH_TEMPLATE_KWARGS,
 )
 from kvtrace.transforms.write.manifest import (
@@ -379,7 +381,19 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
 # (and transforms/ids/dense_ids.MAX_HASH_SHARDS bounds the shard count).
 MAX_PROCESSES = 1024
 MIN_RECORD_BYTES = 1024
-MAX_GRANULARITY = 1 << 40
+# Each rounding option's largest value is what the manifest it is written to may hold (its
+# `granularity`, in every provenance's schema): one source, so no run writes a manifest the audit
+# refuses.
+MAX_GRANULARITY = {
+    option: min(
+        schema["properties"]["granularity"]["properties"][key]["maximum"]
+        for schema in MANIFEST_SCHEMAS.values()
+    )
+    for option, key in (
+        ("timestamp_granularity_ms", "timestamp_ms"),
+        ("length_granularity", OUTPUT_LENGTH_FIELD),
+    )
+}
 MAX_SEGMENT_CACHE_BYTES = 1 << 40  # 1 TiB: a bound against typos, not a recommendation
 # The options that take a size (capacity.parse_bytes), in bytes once read: the unit of a bare
 # number (as before sizes took units, so presets read the same) and the bounds in bytes.
@@ -484,8 +498,8 @@ def _check_ranges(options: dict[str, Any]) -> None:
     if options.get("hash_shards") is not None:
         integer("hash_shards", 1, MAX_HASH_SHARDS)
     integer("processes", 0, MAX_PROCESSES)
-    integer("timestamp_granularity_ms", 1, MAX_GRANULARITY)
-    integer("length_granularity", 1, MAX_GRANULARITY)
+    for name, highest in MAX_GRANULARITY.items():
+        integer(name, 1, highest)
     if options["length_granularity"] > 1 and options.get("emit_output_hashes"):
         raise ConfigError(
             "--length-granularity and --emit-output-hashes: the output block ids "

@@ -66,7 +66,6 @@ def _rounded_past_the_range(tokenizer: str, folder: Path, field: str) -> tuple[P
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 @pytest.mark.parametrize("field", ["output_length", "response_ms"])
 def test_a_value_rounded_up_past_the_published_range_is_not_published(
     tiny_tokenizer, tmp_path, capsys, field
@@ -88,3 +87,42 @@ def test_a_value_rounded_up_past_the_published_range_is_not_published(
     assert main(["audit", str(out), "--json", str(report), *tokenizer, *options]) == 0, json.loads(
         report.read_text()
     )["flags"]
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--length-granularity", 2**32),  # past every output length: each rounds to 0
+        ("--length-granularity", 2**40 - 1),
+        ("--timestamp-granularity-ms", 2**40 - 1),
+    ],
+)
+def test_a_granularity_the_cli_takes_publishes_what_the_audit_passes(
+    tiny_tokenizer, tmp_path, capsys, option, value
+):
+    """Any step the CLI accepts, up to the manifest schema's largest, publishes rows within
+    their ranges (a length rounded within [0, 2^31 - 1], never up to the step) and a manifest
+    the audit takes."""
+    records = [chat(i, 1_000 * i) for i in range(5)]
+    records[1]["output_length"] = 2**31 - 1
+    src = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--quiet", option, str(value)) == 0
+    capsys.readouterr()
+    report = tmp_path / "audit.json"
+    audit = ["audit", str(out), "--json", str(report), "--tokenizer", tiny_tokenizer]
+    assert main([*audit, option, str(value)]) == 0, json.loads(report.read_text())["flags"]
+
+
+@pytest.mark.parametrize("option", ["--length-granularity", "--timestamp-granularity-ms"])
+def test_a_granularity_past_the_manifest_schema_is_refused_in_one_line(
+    tiny_tokenizer, tmp_path, capsys, option
+):
+    """2^40 is past what the manifest's granularity may hold (the audit would refuse it): the
+    CLI refuses it before reading, naming the option and its range, and writes nothing."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, option, str(2**40)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{option} must be a whole number in [1, {2**40 - 1}]" in err[0]
+    assert not out.exists()

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
-from kvtrace.transforms.trace_format import NO_RESPONSE_MS
+from kvtrace.transforms.trace_format import (
+    MAX_INPUT_LENGTH,
+    MAX_OUTPUT_LENGTH,
+    MAX_PUBLISHED_INT,
+    MAX_RESPONSE_MS,
+    NO_RESPONSE_MS,
+)
 from kvtrace.transforms.write.rows import RowBatch
 
 
@@ -32,16 +38,20 @@ class Coarsening:
         return self.timestamp_ms == 1 and self.output_length == 1
 
 
-def round_to(values: np.ndarray, step: int) -> np.ndarray:
-    """Round half up to a multiple of step (monotone: time order survives)."""
-    return (values + step // 2) // step * step
+def round_to(values: np.ndarray, step: int, highest: int = MAX_PUBLISHED_INT - 1) -> np.ndarray:
+    """Round half up to a multiple of step, within the published range: a value that would
+    round past highest (the field's largest, trace_format's bound the audit holds rows to)
+    takes the largest multiple of step not over it. Monotone: time order survives."""
+    return np.minimum((values + step // 2) // step * step, highest // step * step)
 
 
 def coarse_output_lengths(lengths: np.ndarray, step: int) -> np.ndarray:
-    """Output lengths as published: multiples of step, a positive one never 0 (a request that
-    generated something stays one that did)."""
-    rounded = round_to(lengths, step)
-    return np.where((lengths > 0) & (rounded == 0), step, rounded)
+    """Output lengths as published: multiples of step up to MAX_OUTPUT_LENGTH, a positive one
+    never 0 (a request that generated something stays one that did) while a multiple of step
+    lies in the range, that is while step is at most MAX_OUTPUT_LENGTH."""
+    rounded = round_to(lengths, step, MAX_OUTPUT_LENGTH)
+    smallest = min(step, MAX_OUTPUT_LENGTH // step * step)  # 0 when no multiple is in range
+    return np.where((lengths > 0) & (rounded == 0), smallest, rounded)
 
 
 def coarse_input_lengths(lengths: np.ndarray, block_size: int, step: int) -> np.ndarray:
@@ -49,12 +59,13 @@ def coarse_input_lengths(lengths: np.ndarray, block_size: int, step: int) -> np.
     the last block's fill rounded up to a multiple of step and capped at the block size, so
     every row keeps its block count (hash_ids match it) and the length is known only to within
     step, as the reply a later turn's prompt holds is. A multiple of block_size stays as it is;
-    so does every length when step is 1 or block_size is 0 (not known)."""
+    so does every length when step is 1 or block_size is 0 (not known). Capped at
+    MAX_INPUT_LENGTH: the cap is past the length's full blocks, so its block count holds."""
     if step == 1 or block_size == 0:
         return lengths
     full = np.maximum(lengths - 1, 0) // block_size * block_size
     fill = lengths - full
-    return full + np.minimum(block_size, -(-fill // step) * step)
+    return np.minimum(full + np.minimum(block_size, -(-fill // step) * step), MAX_INPUT_LENGTH)
 
 
 def coarse_response_ms(response_ms: np.ndarray, coarsening: Coarsening) -> np.ndarray:
@@ -66,7 +77,8 @@ def coarse_response_ms(response_ms: np.ndarray, coarsening: Coarsening) -> np.nd
     if coarsening.output_length > 1:
         return np.full_like(response_ms, NO_RESPONSE_MS)
     known = response_ms != NO_RESPONSE_MS
-    return np.where(known, round_to(response_ms, coarsening.timestamp_ms), response_ms)
+    rounded = round_to(response_ms, coarsening.timestamp_ms, MAX_RESPONSE_MS)
+    return np.where(known, rounded, response_ms)
 
 
 def coarsen(batch: RowBatch, origin_ms: int, coarsening: Coarsening) -> RowBatch:

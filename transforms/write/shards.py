@@ -24,13 +24,16 @@ import pyarrow as pa
 
 from kvtrace.transforms import storage
 from kvtrace.transforms.combiners import BucketTotals
+from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.ids.buckets import plan_shards, shards_of
 from kvtrace.transforms.read.measured import measured_bytes, measured_part
 from kvtrace.transforms.trace_format import (
     MANIFEST,
+    FormatError,
     TraceColumns,
     arrow_array,
     canonical_json,
+    check_values,
     jsonl_bytes,
     parquet_bytes,
     shard_name,
@@ -161,8 +164,15 @@ def write_shard(
     """Sort one shard's rows and write them as JSONL and Parquet; returns (path, sha256) of the
     two. With hashes_directory, the rows' engine block hashes go there too, owner-only
     (block_hashes_bytes); with measured_directory (the letters' staging), the engine's
-    cached-token counts of the rows that have one, owner-only (read/measured.py)."""
+    cached-token counts of the rows that have one, owner-only (read/measured.py). A row past
+    trace_format's ranges (those the audit holds every row to) stops the run before any write.
+    """
     ordered = coarsen(RowBatch.concat(list(batches)), origin_ms, coarsening).sorted()
+    columns = published_columns(ordered, origin_ms)
+    try:  # numpy min and max per column, once per shard: no measurable cost beside the JSONL
+        check_values(columns)
+    except FormatError as err:
+        raise JobStopped(f"trace shard {shard}: {err}; nothing published") from None
     measured = measured_bytes(shard, ordered.rows["cached_tokens"])
     if measured_directory is not None and measured is not None:
         path = storage.join(measured_directory, measured_part(shard))
@@ -174,7 +184,6 @@ def write_shard(
         )
         with storage.create(path, private=True) as handle:
             handle.write(block_hashes_bytes(ordered))
-    columns = published_columns(ordered, origin_ms)
     written = []
     for suffix, payload in ((".jsonl", jsonl_bytes(columns)), (".parquet", parquet_bytes(columns))):
         path = storage.join(directory, shard_name(shard, shards, suffix))

@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from kvtrace.transforms.trace_format import NO_RESPONSE_MS, NO_SESSION
+from kvtrace.transforms.trace_format import (
+    MAX_OUTPUT_LENGTH,
+    MAX_PUBLISHED_INT,
+    MAX_RESPONSE_MS,
+    NO_RESPONSE_MS,
+    NO_SESSION,
+)
 from kvtrace.transforms.write.coarsen import (
     Coarsening,
     coarse_output_lengths,
@@ -20,7 +26,8 @@ from kvtrace.transforms.write.coarsen import (
 )
 from kvtrace.transforms.write.rows import ROW, RowBatch
 
-VALUES = st.lists(st.integers(0, 2**40), min_size=1, max_size=40).map(
+HIGHEST = MAX_PUBLISHED_INT - 1  # what every published integer is held to
+VALUES = st.lists(st.integers(0, HIGHEST), min_size=1, max_size=40).map(
     lambda v: np.array(v, dtype=np.int64)
 )
 STEPS = st.integers(1, 10**6)
@@ -31,7 +38,9 @@ STEPS = st.integers(1, 10**6)
 def test_rounding_lands_on_the_nearest_multiple_half_up(values, step):
     rounded = round_to(values, step)
     assert (rounded % step == 0).all()
-    assert (np.abs(rounded - values) <= step // 2).all()
+    # The nearest, or at the range's top the largest multiple within it (below the value).
+    top = HIGHEST // step * step
+    assert ((np.abs(rounded - values) <= step // 2) | ((rounded == top) & (values > top))).all()
     # Half up: a value exactly between two multiples goes to the higher one.
     assert round_to(np.array([step // 2]), step).tolist() == [step if step % 2 == 0 else 0]
 
@@ -56,9 +65,49 @@ def test_a_positive_output_length_never_publishes_as_zero(lengths, step):
 
 
 def test_a_step_of_one_changes_nothing():
-    values = np.array([0, 1, 7, 2**40], dtype=np.int64)
+    values = np.array([0, 1, 7, MAX_OUTPUT_LENGTH, HIGHEST], dtype=np.int64)
     assert round_to(values, 1).tolist() == values.tolist()
-    assert coarse_output_lengths(values, 1).tolist() == values.tolist()
+    assert coarse_output_lengths(values[:-1], 1).tolist() == values[:-1].tolist()
+
+
+@pytest.mark.parametrize(
+    "values, step, highest, expected",
+    [
+        ([MAX_OUTPUT_LENGTH], 1000, MAX_OUTPUT_LENGTH, [2_147_483_000]),  # not 2,147,484,000
+        ([MAX_OUTPUT_LENGTH - 1], 2, MAX_OUTPUT_LENGTH, [MAX_OUTPUT_LENGTH - 1]),
+        ([MAX_OUTPUT_LENGTH], MAX_OUTPUT_LENGTH, MAX_OUTPUT_LENGTH, [MAX_OUTPUT_LENGTH]),
+        ([1 << 30], 1 << 32, MAX_OUTPUT_LENGTH, [0]),  # no positive multiple within the range
+        ([HIGHEST], 1000, HIGHEST, [HIGHEST // 1000 * 1000]),
+        ([(1 << 39) + 1], HIGHEST, HIGHEST, [HIGHEST]),
+    ],
+)
+def test_rounding_at_the_top_of_the_range_takes_the_largest_multiple_within_it(
+    values, step, highest, expected
+):
+    assert round_to(np.array(values, dtype=np.int64), step, highest).tolist() == expected
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.integers(0, MAX_OUTPUT_LENGTH), min_size=1, max_size=20),
+    st.integers(1, HIGHEST),
+    st.integers(1, HIGHEST),
+)
+def test_every_coarse_value_stays_within_its_published_range(values, time_step, length_step):
+    """Whatever step the CLI takes (up to the manifest schema's largest), the values published
+    are within trace_format's ranges (the ones the audit holds rows to), multiples of the step,
+    and rounding them again changes nothing."""
+    values = np.array(values, dtype=np.int64)
+    lengths = coarse_output_lengths(values, length_step)
+    assert ((lengths >= 0) & (lengths <= MAX_OUTPUT_LENGTH) & (lengths % length_step == 0)).all()
+    assert (coarse_output_lengths(lengths, length_step) == lengths).all()
+    if length_step <= MAX_OUTPUT_LENGTH:  # a positive multiple lies within the range
+        assert ((lengths > 0) == (values > 0)).all()
+    responses = coarse_response_ms(values, Coarsening(time_step))
+    assert ((responses >= 0) & (responses <= MAX_RESPONSE_MS)).all()
+    assert (responses % time_step == 0).all()
+    times = round_to(values << 9, time_step)  # times span up to 2^40 ms
+    assert ((times >= 0) & (times <= HIGHEST) & (times % time_step == 0)).all()
 
 
 @pytest.mark.parametrize("coarsening", [Coarsening(0, 1), Coarsening(1, 0), Coarsening(-5, 3)])

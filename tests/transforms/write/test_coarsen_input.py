@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.trace_format import MAX_INPUT_LENGTH
 from kvtrace.transforms.write.coarsen import Coarsening, coarse_input_lengths, published_requests
 from kvtrace.transforms.write.totals import ExportTotals
 
@@ -24,6 +25,23 @@ def test_every_row_keeps_its_block_count_and_loses_under_one_step(lengths, block
     assert (-(-coarse // block_size) == -(-raw // block_size)).all()
     assert ((coarse >= raw) & (coarse - raw < step)).all()
     assert (coarse_input_lengths(coarse, block_size, step) == coarse).all()  # the gate's test
+
+
+@given(st.integers(MAX_INPUT_LENGTH - (1 << 20), MAX_INPUT_LENGTH), BLOCK_SIZES, STEPS)
+def test_a_length_at_the_top_of_the_range_stays_within_it(length, block_size, step):
+    """Rounding the last block's fill up may pass MAX_INPUT_LENGTH (the range the audit holds
+    rows to): the cap lies past the length's full blocks, so the block count holds."""
+    raw = np.array([length], np.int64)
+    coarse = coarse_input_lengths(raw, block_size, step)
+    assert coarse[0] <= MAX_INPUT_LENGTH and coarse[0] >= length
+    assert -(-coarse[0] // block_size) == -(-length // block_size)
+    assert (coarse_input_lengths(coarse, block_size, step) == coarse).all()
+
+
+def test_the_largest_input_length_is_published_as_it_is():
+    assert coarse_input_lengths(np.array([MAX_INPUT_LENGTH]), 16, 1000).tolist() == [
+        MAX_INPUT_LENGTH
+    ]
 
 
 @given(st.integers(1, 1 << 20), BLOCK_SIZES, STEPS)

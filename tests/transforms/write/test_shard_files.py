@@ -11,10 +11,18 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtrace.transforms.trace_format import columns_of_jsonl, is_jsonl_of, parquet_forms, shard_name
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.trace_format import (
+    MAX_OUTPUT_LENGTH,
+    columns_of_jsonl,
+    is_jsonl_of,
+    parquet_forms,
+    shard_name,
+)
 from kvtrace.transforms.write.coarsen import Coarsening
 from kvtrace.transforms.write.rows import ROW, RowBatch
 from kvtrace.transforms.write.shards import (
@@ -143,3 +151,19 @@ def test_a_block_hashes_folder_holds_only_the_names_kvtrace_writes_there(tmp_pat
     for name in names:
         (tmp_path / name).write_bytes(b"")
     assert block_hashes_files(str(tmp_path)) == frozenset(names[:3])
+
+
+@pytest.mark.parametrize(
+    "column, value, field",
+    [("output_length", MAX_OUTPUT_LENGTH + 1, "output_length"), ("timestamp_ms", -1, "timestamp")],
+)
+def test_a_row_past_the_published_ranges_stops_the_run_before_any_write(
+    tmp_path, column, value, field
+):
+    """The writer holds each shard to the ranges the audit holds rows to (trace_format.
+    check_values): a row past them stops the night in one line, no file written."""
+    batch = batch_of([(0, 4, 1, -1, -1, [0], [])], with_outputs=False)
+    batch.rows[column] = value if column != "timestamp_ms" else ORIGIN + value
+    with pytest.raises(JobStopped, match=f"trace shard 1: integers outside .*: {field};"):
+        write_shard(str(tmp_path), 1, 3, [batch], ORIGIN, Coarsening(), str(tmp_path / "h"))
+    assert list(tmp_path.iterdir()) == []
