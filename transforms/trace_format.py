@@ -609,6 +609,8 @@ def capture_manifest(capture: str) -> dict[str, str]:
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_PUBLISHED_INT - 1}
 _STEP = {"type": "integer", "minimum": 1, "maximum": MAX_PUBLISHED_INT - 1}
+# A length step past the longest length would round every length to 0: no figure at all.
+_LENGTH_STEP = {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUT_LENGTH}
 _TRACE_OR_STATS = {
     "type": "string",
     "pattern": r"^(stats\.json|trace-\d{5}-of-\d{5}\.(jsonl|parquet))$",
@@ -776,7 +778,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
             "block_size": {"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},
             "hash_scheme": {"type": "string", "pattern": f"^({_TEXT_SCHEMES}|{CAPTURE_SCHEME})$"},
             "hash_scheme_keyed": {"type": "boolean"},
-            "granularity": _closed({"timestamp_ms": _STEP, OUTPUT_LENGTH_FIELD: _STEP}),
+            "granularity": _closed({"timestamp_ms": _STEP, OUTPUT_LENGTH_FIELD: _LENGTH_STEP}),
             OUTPUT_IDS_FIELD: {"type": "boolean"},  # whether the rows hold that field
             "chat_template_kwargs": {
                 "type": "object",

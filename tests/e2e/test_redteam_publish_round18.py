@@ -92,8 +92,7 @@ def test_a_value_rounded_up_past_the_published_range_is_not_published(
 @pytest.mark.parametrize(
     "option, value",
     [
-        ("--length-granularity", 2**32),  # past every output length: each rounds to 0
-        ("--length-granularity", 2**40 - 1),
+        ("--length-granularity", 2**31 - 1),  # the longest output: lengths round to it or 0
         ("--timestamp-granularity-ms", 2**40 - 1),
     ],
 )
@@ -114,15 +113,19 @@ def test_a_granularity_the_cli_takes_publishes_what_the_audit_passes(
     assert main([*audit, option, str(value)]) == 0, json.loads(report.read_text())["flags"]
 
 
-@pytest.mark.parametrize("option", ["--length-granularity", "--timestamp-granularity-ms"])
+@pytest.mark.parametrize(
+    "option, highest",
+    [("--length-granularity", 2**31 - 1), ("--timestamp-granularity-ms", 2**40 - 1)],
+)
 def test_a_granularity_past_the_manifest_schema_is_refused_in_one_line(
-    tiny_tokenizer, tmp_path, capsys, option
+    tiny_tokenizer, tmp_path, capsys, option, highest
 ):
-    """2^40 is past what the manifest's granularity may hold (the audit would refuse it): the
-    CLI refuses it before reading, naming the option and its range, and writes nothing."""
+    """A step past what the manifest's granularity may hold (the audit would refuse it; a
+    length step past the longest length would round every length to 0): the CLI refuses it
+    before reading, naming the option and its range, and writes nothing."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
     out = tmp_path / "out"
-    assert anonymize(tiny_tokenizer, [src], out, option, str(2**40)) == 2
+    assert anonymize(tiny_tokenizer, [src], out, option, str(highest + 1)) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{option} must be a whole number in [1, {2**40 - 1}]" in err[0]
+    assert len(err) == 1 and f"{option} must be a whole number in [1, {highest}]" in err[0]
     assert not out.exists()
