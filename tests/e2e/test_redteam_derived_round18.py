@@ -79,7 +79,6 @@ def _lengths(tokenizer: str, tmp_path: Path, name: str, record: dict, *extra: st
     return [rows, letters]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 18")
 def test_a_requests_own_chat_template_kwargs_give_no_made_up_length(qwen3_tokenizer, tmp_path):
     """Values as the serving engine reads them, never a made-up length. An OpenAI chat request
     may carry its own `chat_template_kwargs` (`{"enable_thinking": false}`, the usual way to

@@ -287,6 +287,7 @@ class RequestEncoder:
                 request.tools,
                 self._template_kwargs,
                 request.timestamp_ms,
+                request.template_kwargs,
             )
         return request.prompt
 

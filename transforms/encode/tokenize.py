@@ -240,11 +240,15 @@ def render_chat(
     tools: list[dict[str, Any]] | None,
     template_kwargs: dict[str, Any],
     timestamp_ms: int = 0,
+    own_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The prompt text the model's server would build for a chat request that came in at
     timestamp_ms: what a template's strftime_now reads (template_names.py). A text of no
     request (render's probes) is rendered at the epoch. A render over its budget is the
     request's template_error; a template over it on PROBE_CONVERSATION stops the job.
+    own_kwargs: the request's own template variables (read.chat.template_settings), merged over
+    the run's template_kwargs as the engine merges them; the probe renders with the run's alone,
+    so a request's variables are judged with the request, never stop the job nor grow _PROBED.
 
     Tool-call arguments go in as objects, as vLLM passes them; a template written for the
     OpenAI wire form, which concatenates them as strings (DeepSeek-R1's), gets them as JSON
@@ -261,11 +265,11 @@ def render_chat(
             f"its budget",
         )
     _probe_render(tokenizer, template_kwargs)
+    kwargs = {**template_kwargs, **(own_kwargs or {})}
     try:
         return RENDER_WATCHDOG.run(
             lambda: render_at(
-                timestamp_ms,
-                lambda: _apply_or_rejected(tokenizer, messages, tools, template_kwargs),
+                timestamp_ms, lambda: _apply_or_rejected(tokenizer, messages, tools, kwargs)
             )
         )
     except RenderOverrun as err:
@@ -341,9 +345,9 @@ def _apply(
     tools: list[dict[str, Any]] | None,
     template_kwargs: dict[str, Any],
 ) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
-    )
+    # The engine's default, unless the run's or the request's variables say otherwise.
+    kwargs = {"add_generation_prompt": True, **template_kwargs}
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
 
 
 def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:

@@ -493,3 +493,83 @@ def message_texts(message: dict[str, Any]) -> tuple[Any, Any]:
     """A response message's reasoning (by either name it goes by) and content, None where
     absent: what it generated before any tool call."""
     return message.get("reasoning_content", message.get("reasoning")), message.get("content")
+
+
+# The request fields the serving engine hands its chat template, a closed list: each honoured as
+# the template variable of its name, of the type the engine's request model takes (Responses'
+# reasoning.effort as reasoning_effort), or refused (chat_template). The engine merges a
+# request's chat_template_kwargs over its server's defaults (the run's --chat-template-kwargs)
+# and these fields over both; it refuses a request's own template unless its server trusts
+# request templates, which kvtrace, rendering the run's template, never does.
+TEMPLATE_FIELDS: dict[str, type] = {
+    "add_generation_prompt": bool,
+    "continue_final_message": bool,
+    "documents": list,
+    "reasoning_effort": str,
+}
+UNTRUSTED_TEMPLATE = "untrusted_template"
+# apply_chat_template's own arguments: as a template variable each would change what the render
+# returns (tokenize: ids, not text) or what it renders, never what the engine's template reads.
+RENDER_ARGUMENTS = frozenset(
+    {
+        "chat_template",
+        "conversation",
+        "messages",
+        "tools",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+MAX_TEMPLATE_KWARGS = 64  # names a request may set: more than any template reads
+
+
+def template_settings(body: dict[str, Any]) -> dict[str, Any]:
+    """The template variables a chat request sets for itself (TEMPLATE_FIELDS and its
+    chat_template_kwargs), to merge over the run's; raises Rejected when the engine would refuse
+    the request or render it with what kvtrace does not have (its own template)."""
+    if body.get("chat_template") is not None:
+        raise Rejected(UNTRUSTED_TEMPLATE, "the request brings its own chat_template")
+    own = body.get("chat_template_kwargs")
+    if own is None:
+        own = {}
+    if not isinstance(own, dict):
+        raise Rejected("wrong_type", f"chat_template_kwargs is a {type(own).__name__}")
+    if len(own) > MAX_TEMPLATE_KWARGS:
+        raise Rejected("too_large", f"{len(own)} chat_template_kwargs, over {MAX_TEMPLATE_KWARGS}")
+    if own.get("chat_template") is not None:
+        raise Rejected(UNTRUSTED_TEMPLATE, "the request brings its own chat_template")
+    if reserved := sorted(RENDER_ARGUMENTS.intersection(own)):
+        raise Rejected("invalid_request", f"chat_template_kwargs sets {reserved[0][:64]!r}")
+    for name, kind in TEMPLATE_FIELDS.items():  # the same names inside chat_template_kwargs
+        if own.get(name) is not None and not isinstance(own[name], kind):
+            raise Rejected("wrong_type", f"chat_template_kwargs {name} is no {kind.__name__}")
+    given = {name: body[name] for name in TEMPLATE_FIELDS if body.get(name) is not None}
+    reasoning = body.get("reasoning")  # the Responses API's reasoning_effort
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise Rejected("wrong_type", f"reasoning is a {type(reasoning).__name__}, no object")
+    if reasoning is not None and reasoning.get("effort") is not None:
+        given.setdefault("reasoning_effort", reasoning["effort"])
+    settings = dict(own)
+    for name, value in given.items():
+        kind = TEMPLATE_FIELDS[name]
+        if not isinstance(value, kind):
+            raise Rejected("wrong_type", f"{name} is a {type(value).__name__}, no {kind.__name__}")
+        if own.get(name, value) != value:  # which of the two the engine took, no log says
+            raise Rejected("invalid_request", f"{name} differs from its chat_template_kwargs")
+        settings[name] = value
+    if settings.get("documents") is not None and not all(
+        isinstance(d, dict) and all(isinstance(v, str) for v in d.values())
+        for d in settings["documents"]
+    ):
+        raise Rejected("wrong_type", "documents are not objects of strings")
+    if settings.get("add_generation_prompt", True) and settings.get("continue_final_message"):
+        raise Rejected(
+            "invalid_request", "add_generation_prompt and continue_final_message both true"
+        )
+    return settings

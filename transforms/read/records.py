@@ -162,6 +162,8 @@ class Request:
     # read/links.py: the links naming this request, and the one it continues (never published)
     links: tuple[str, ...] = ()
     continues: str | None = None
+    # Template variables the request sets for itself (chat.template_settings), over the run's
+    template_kwargs: dict[str, Any] | None = None
 
     def letter(self, reason: str, message: str) -> DeadLetter:
         """The dead letter of this request, refused after it parsed, withheld as its parse would
@@ -369,6 +371,7 @@ def _request(
         fields["messages"], fields["tools"] = _chat(
             body, _tools(record, body), options.drop_non_text_parts, budget
         )
+        fields["template_kwargs"] = chat.template_settings(body) or None
     elif kind == "prompt":
         fields["prompt"] = _prompt(body.get("prompt"))
     elif kind == "tokens":
