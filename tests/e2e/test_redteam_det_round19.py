@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SALT, anonymize, shared_path, trace_bytes, write_jsonl
+from helpers import SALT, anonymize, letters, shared_path, trace_bytes, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +62,57 @@ def test_a_tool_schemas_key_order_publishes_alike_as_jsonl_and_parquet(tmp_path:
         assert anonymize(tokenizer, [source], out, *args) == 0
         outs.append(trace_bytes(out))
     assert outs[0] == outs[1]
+
+
+# A template that reads the request's documents (as Granite's and Command R's do), one loop step
+# a document; the rest Qwen3's shape.
+DOCUMENTS_TEMPLATE = (
+    "{%- if documents %}<|im_start|>system\n{%- for d in documents %}[{{ loop.index }}] "
+    "{{ d.text }}\n{%- endfor %}<|im_end|>\n{%- endif %}{%- for m in messages %}<|im_start|>"
+    "{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 19")
+def test_a_request_of_more_documents_than_a_render_steps_through_is_too_large(tmp_path: Path):
+    """Promise (docs/BOUNDS.md, templates: 'A request of over 128 Ki messages and tools is a
+    too_large dead letter before it is rendered: a template's loop steps per item ... would put
+    it over the budget on a slow machine only'; the same record's fate on any machine): since
+    round 18 a request's own `documents` reach the template, one loop step each, but are not
+    counted with its messages and tools. A request of 128 Ki + 1 one-letter documents (2 MB,
+    well within --max-record-bytes) renders today (about 1 CPU-s here; exit 0, 2 exported,
+    1,068,569 tokens); within the 16 MiB a record may be, ~1 M documents take the 5 CPU-s
+    budget on a fast machine and miss it on a slow one, so whether the request is exported or
+    a template_error is the machine's speed, not the input's."""
+    import json
+
+    from kvtrace.transforms.encode.tokenize import MAX_RENDERED_ITEMS
+
+    qwen3 = shared_path("tokenizers", "qwen3")
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    for path in qwen3.iterdir():
+        (tokenizer / path.name).write_bytes(path.read_bytes())
+    config = json.loads((tokenizer / "tokenizer_config.json").read_text())
+    config["chat_template"] = DOCUMENTS_TEMPLATE
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps(config))
+    hello = [{"role": "user", "content": "hi"}]
+    records = [
+        {"timestamp": DAY0, "messages": hello, "max_tokens": 3},
+        {
+            "timestamp": DAY0 + 1000,
+            "messages": hello,
+            "documents": [{"text": "x"}] * (MAX_RENDERED_ITEMS + 1),
+            "max_tokens": 3,
+        },
+    ]
+    log = write_jsonl(tmp_path / "log.jsonl", records)
+    salt = tmp_path / "salt"
+    salt.write_text(SALT)
+    out = tmp_path / "out"
+    # the letter weighs most of the log's bytes: the gate off, the letter is the point
+    args = ("--block-size", "4", "--salt-file", str(salt), "--quiet")
+    args += ("--max-rejected-fraction", "1")
+    assert anonymize(str(tokenizer), [log], out, *args) == 0
+    assert [letter["error"] for letter in letters(Path(f"{out}-rejected"))] == ["too_large"]
