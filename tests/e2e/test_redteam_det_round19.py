@@ -25,7 +25,10 @@ def _tool(unit_first: bool) -> list[dict]:
     return [{"type": "function", "function": function}]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 19")
+# Accepted residual (docs/ANONYMIZE.md, Input): a Parquet struct column holds one field order,
+# the writer's, where a JSONL line keeps each object's own; sorting every object instead would
+# move JSONL input away from the prompt the engine rendered. Kept strict: an XPASS flags a fix.
+@pytest.mark.xfail(strict=True, reason="accepted residual: docs/ANONYMIZE.md")
 def test_a_tool_schemas_key_order_publishes_alike_as_jsonl_and_parquet(tmp_path: Path):
     """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields ... so the
     same records read alike in both'; docs/BOUNDS.md: 'a real writer's file reads as its JSONL
