@@ -23,9 +23,12 @@ the child commits itself, the id map's version (the pipeline's CommitIdMap step)
 process before the commit's record is created (publish.intend: its path and digest) and once the
 commit's publication ends (publish.forward_publications); a child gone in between is told here
 by what the path holds (Intended.stands), so a stop or a death names a commit that stands
-whatever point the child died at. Its
-temporary files go into a folder this process owns, removed whatever ends the child, and by the
-next run if this process is killed (it holds the folder's lock while it lives: storage.held).
+whatever point the child died at. Each folder the child makes (a new id map's parents) it tells
+this process on the same pipe before making it (storage.forward_folders), so this process's run
+removes it on every exit that publishes nothing, the child's death included, as it removes its
+own (storage.run_folders). Its temporary files go into a folder this process owns, removed
+whatever ends the child, and by the next run if this process is killed (it holds the folder's
+lock while it lives: storage.held).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def run_in_child(job: Callable[[], T]) -> T:
         capture_native_stderr()  # the child's native words come through this process's relay
     context = multiprocessing.get_context("fork" if forked else START_METHOD)
     results, sent = context.Pipe(duplex=False)
-    heard, told = context.Pipe(duplex=False)  # what the child publishes, as it stands
+    heard, told = context.Pipe(duplex=False)  # what the child publishes, and folders it makes
     # The child's temporary files (Beam's pipeline folder among them) go into a folder this
     # process owns, in its registry: a child ended before it could unwind leaves none. This
     # process holds it (storage.held) while it lives, so that one a killed run left, and only
@@ -138,13 +141,16 @@ def _clear_scratch(folder: str) -> None:
 def _relay(heard: Connection, intended: list[publish.Intended]) -> None:
     """In a thread of this process: each publication the child made, into this process's record
     as it arrives (publish.note_published), so a stop here says it whenever it comes; each step
-    it intends kept in intended until a publication's end settles it."""
+    it intends kept in intended until a publication's end settles it; each folder it makes, into
+    this process's run (storage.note_child_folder), removed with the run's own."""
     while True:
         try:
             told = heard.recv()
         except (EOFError, OSError):  # the child is gone
             return
-        if isinstance(told, publish.Intended):
+        if isinstance(told, storage.Making):
+            storage.note_child_folder(told)
+        elif isinstance(told, publish.Intended):
             intended.append(told)
         else:
             publish.note_published(told)
@@ -198,6 +204,7 @@ def _run_job(
         adopt_environment(environment)
     tempfile.tempdir = os.environ["TMPDIR"] = scratch
     publish.forward_publications(functools.partial(_tell, told))
+    storage.forward_folders(functools.partial(_tell, told))
     if setup is not None:
         setup.apply()
     elif threading.current_thread() is threading.main_thread():
@@ -219,9 +226,12 @@ def _run_job(
     os._exit(0)
 
 
-def _tell(told: Connection, names: list[str]) -> None:
-    with contextlib.suppress(OSError):  # the parent gone: none is left to say it
-        told.send(names)
+_TELLING = threading.Lock()  # one message at a time, whichever of the child's threads tells
+
+
+def _tell(told: Connection, message: publish.Told | storage.Making) -> None:
+    with _TELLING, contextlib.suppress(OSError):  # the parent gone: none is left to say it
+        told.send(message)
 
 
 def _portable(err: BaseException) -> BaseException:

@@ -24,6 +24,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import IO, Any
 
 _LOG = logging.getLogger("kvtrace")
@@ -223,9 +224,11 @@ def _make_missing(path: str, mode: int | None = None) -> bool:
         missing.append(path)
         path = os.path.dirname(path)
     for folder in reversed(missing):
+        _tell_parent(folder, made=True)  # before: a child killed right after is covered
         try:
             os.mkdir(folder, 0o777 if mode is None else mode)
         except FileExistsError:
+            _tell_parent(folder, made=False)
             if not os.path.isdir(folder):
                 raise
             continue
@@ -548,7 +551,7 @@ def _remove_registered() -> None:
 
 
 # The folders a run made (_make_missing), in the order made (the deepest of each path last),
-# by the process whose run it is: a forked child's, made inside its parent's, are never noted.
+# by the process whose run it is; a child's, told by it (forward_folders), are its parent's.
 _MADE: dict[int, list[str]] = {}
 
 
@@ -579,6 +582,42 @@ def _note_made(folder: str) -> None:
     if len(made) >= MAX_LEFTOVERS:  # a stream makes one staging folder per window
         made[:] = [f for f in made if os.path.isdir(f)]
     made.append(os.path.abspath(folder))
+
+
+@dataclass(frozen=True)
+class Making:
+    """A folder a child process makes for its parent's run (the Beam engine's child: a new id
+    map's parents), told to the parent before it is made (forward_folders), so the parent's run
+    removes it on every exit whatever ends the child (a folder told but never made is simply
+    absent); made False: another process made it first, so it is not the run's."""
+
+    path: str
+    made: bool
+
+
+_FORWARD_FOLDERS: list[Callable[[Making], None]] = []  # in a child whose parent runs: its channel
+
+
+def forward_folders(send: Callable[[Making], None]) -> None:
+    """In a child process whose parent's run it works for (child_process.run_in_child): each
+    folder it makes is sent to the parent (note_child_folder) before it is made."""
+    _FORWARD_FOLDERS[:] = [send]
+
+
+def _tell_parent(folder: str, made: bool) -> None:
+    for send in _FORWARD_FOLDERS:
+        send(Making(os.path.abspath(folder), made))
+
+
+def note_child_folder(told: Making) -> None:
+    """A folder a child of this process makes (or found made by another after all), in this
+    process's run (run_folders) as one of its own."""
+    if told.made:
+        _note_made(told.path)
+        return
+    made = _MADE.get(os.getpid())
+    if made is not None and told.path in made:
+        del made[len(made) - 1 - made[::-1].index(told.path)]  # the one it told last
 
 
 def _remove_made(made: list[str]) -> None:

@@ -26,7 +26,6 @@ os.open = _fail_in_the_child
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 19")
 def test_a_failed_beam_night_leaves_no_folder_it_made_for_a_new_id_map(tiny_tokenizer, tmp_path):
     """storage.run_folders: "a run that publishes nothing leaves the operator's folders as they
     were", every folder a run made removed while empty on every exit that raises. The Beam

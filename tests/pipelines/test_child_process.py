@@ -127,6 +127,33 @@ def _intend_then_die(path: str, written: bytes | None, settle: bool) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@pytest.mark.parametrize("ending", ["fails", "dies"])
+def test_a_folder_the_child_made_goes_with_a_run_that_publishes_nothing(start, tmp_path, ending):
+    """The child tells each folder it makes before making it (storage.forward_folders): a run
+    that raises removes it as its own, however the child ended; one already there stays."""
+    (tmp_path / "there").mkdir()
+    nested = tmp_path / "there" / "maps" / "m"
+    with pytest.raises(JobStopped if ending == "dies" else ConfigError), storage.run_folders():
+        run_in_child(functools.partial(_make_then_end, str(nested), ending))
+    assert nested.is_dir() is False
+    assert [p.name for p in tmp_path.iterdir()] == ["there"]
+    assert list((tmp_path / "there").iterdir()) == []
+
+
+def test_a_folder_the_child_made_stays_with_a_run_that_publishes(start, tmp_path):
+    nested = tmp_path / "maps" / "m"
+    with storage.run_folders():
+        run_in_child(functools.partial(storage.make_folder, str(nested)))
+    assert nested.is_dir()
+
+
+def _make_then_end(path: str, ending: str) -> None:
+    storage.make_folder(path)
+    if ending == "dies":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise ConfigError("the night failed after making its folders")
+
+
 def test_the_jobs_error_is_raised_here_as_it_was_with_its_traceback_noted(start):
     with pytest.raises(ConfigError, match="a refusal the job makes") as raised:
         run_in_child(_refuse)
