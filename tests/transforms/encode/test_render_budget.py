@@ -453,9 +453,35 @@ def test_a_request_of_more_messages_and_tools_than_any_render_fits_is_refused_fi
     kwargs = {"chat_template": "{{ tools|length }}"}
     tools = [{}] * (tokenize.MAX_RENDERED_ITEMS - 1)
     assert tokenize.render_chat(tiny, MESSAGES, tools, kwargs) == str(len(tools))
-    with pytest.raises(Rejected, match="messages and tools") as err:
+    with pytest.raises(Rejected, match="messages, tools and template values") as err:
         tokenize.render_chat(tiny, MESSAGES, [*tools, {}], kwargs)
     assert err.value.reason == "too_large"
+
+
+def test_a_requests_own_template_values_count_toward_the_items_it_hands_a_template(tiny):
+    """Every list element and object entry of the request's own template variables, at any
+    depth and under any name (documents or a kwarg's nested lists), counts with its messages
+    and tools: one more than the bound is refused before a render, the bound itself renders."""
+    kwargs = {"chat_template": "{{ messages|length }}"}
+    room = tokenize.MAX_RENDERED_ITEMS - len(MESSAGES)
+    # documents: one-entry objects, two items each
+    documents = [{"text": "x"}] * (room // 2)
+    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, own_kwargs={"documents": documents})
+    nested = {"any": {"depth": [[0] * (room - 3)]}}  # 1 + 1 + 1 + (room - 3): the bound
+    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, own_kwargs=nested)
+    over = ({"documents": [*documents, {"text": "x"}]}, {"any": {"depth": [[0] * (room - 2)]}})
+    for own in over:
+        with pytest.raises(Rejected, match="template values") as err:
+            tokenize.render_chat(tiny, MESSAGES, None, kwargs, own_kwargs=own)
+        assert err.value.reason == "too_large"
+
+
+def test_template_items_counts_every_entry_and_stops_past_its_limit():
+    value = {"a": [1, {"b": [2, 3]}, ()], "c": "text"}  # 2 + 3 + 1 + 2 entries
+    assert tokenize.template_items(value, 100) == 8
+    assert tokenize.template_items("text", 100) == 0
+    huge = [[0] * 1000] * 1000  # 1 Mi items, walked only until past the limit
+    assert 10 < tokenize.template_items(huge, 10) <= 10 + 1000
 
 
 def test_a_template_over_budget_on_some_requests_keeps_the_job(tight_budget, tiny):
