@@ -77,7 +77,6 @@ DOCUMENTS_TEMPLATE = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 19")
 def test_a_request_of_more_documents_than_a_render_steps_through_is_too_large(tmp_path: Path):
     """Promise (docs/BOUNDS.md, templates: 'A request of over 128 Ki messages and tools is a
     too_large dead letter before it is rendered: a template's loop steps per item ... would put

@@ -221,11 +221,13 @@ def tokenizer_sha256(name: str) -> dict[str, str]:
 
 # Every render runs under a budget of time and memory (render_budget.py).
 RENDER_WATCHDOG = Watchdog()
-# A chat request of more messages and tools than this is a too_large dead letter before it is
-# rendered, on any machine: a template takes a loop step or more per message and per tool
-# (Qwen3: 3-30 us per empty tool, by the machine's load), so past this count whether a render
-# fits its budget is a matter of speed. No real request comes near (OpenAI's API takes at most
-# 128 tools; 128 Ki messages of a few tokens each fill a 1 M-token context).
+# A chat request handing its template more items than this (list elements and object entries,
+# at any depth, of its messages, tools and own template values) is a too_large dead letter
+# before it is rendered, on any machine: a template takes a loop step or more per message, tool
+# call, tool or document (Qwen3: 3-30 us per empty tool, by the machine's load), so past this
+# count whether a render fits its budget is a matter of speed. No real request comes near
+# (OpenAI's API takes at most 128 tools; 40 Ki messages of a few tokens each, 3 items each,
+# fill a 128 K-token context).
 MAX_RENDERED_ITEMS = 1 << 17
 # The conversation a template must render within its budget before any request's (once per
 # tokenizer and template variables in a process): a template over its budget on it does not
@@ -256,13 +258,13 @@ def render_chat(
     requests did: a template may take objects for some requests and refuse them for others, and
     a request's text must not depend on which requests a worker saw before it.
     """
-    items = len(messages) + len(tools or ())
-    if items > MAX_RENDERED_ITEMS:
+    if handed_items((messages, tools or [], own_kwargs or {}), MAX_RENDERED_ITEMS) > (
+        MAX_RENDERED_ITEMS
+    ):
         raise Rejected(
             "too_large",
-            f"a chat request of {items} messages and tools, over "
-            f"{MAX_RENDERED_ITEMS}: more than a template renders within "
-            f"its budget",
+            f"a chat request of over {MAX_RENDERED_ITEMS} items in its messages, tools and "
+            f"template values: more than a template renders within its budget",
         )
     _probe_render(tokenizer, template_kwargs)
     kwargs = {**template_kwargs, **(own_kwargs or {})}
@@ -274,6 +276,22 @@ def render_chat(
         )
     except RenderOverrun as err:
         raise Rejected("template_error", f"the chat template went {err}") from None
+
+
+def handed_items(values: tuple[Any, ...], limit: int) -> int:
+    """The list elements and object entries in values, at every depth: each one a template may
+    take a loop step over (a message, its tool calls, a tool's parameters, a document). Counting
+    stops past limit (what it returns then is over it): the walk is bounded by the bound, not
+    by the values."""
+    count, pending = 0, list(values)
+    while pending and count <= limit:
+        node = pending.pop()
+        if isinstance(node, dict):
+            node = list(node.values())
+        if isinstance(node, (list, tuple)):
+            count += len(node)
+            pending.extend(node)
+    return count
 
 
 def _probe_render(tokenizer: Any, template_kwargs: dict[str, Any]) -> None:

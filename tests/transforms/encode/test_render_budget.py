@@ -451,11 +451,44 @@ def test_a_request_of_more_messages_and_tools_than_any_render_fits_is_refused_fi
     """Round 3's 340,000 empty tools: a too_large dead letter on any machine, not an overrun
     on a slow one only; the count at the bound still renders."""
     kwargs = {"chat_template": "{{ tools|length }}"}
-    tools = [{}] * (tokenize.MAX_RENDERED_ITEMS - 1)
+    tools = [{}] * (tokenize.MAX_RENDERED_ITEMS - 3)  # MESSAGES: a message of two entries
     assert tokenize.render_chat(tiny, MESSAGES, tools, kwargs) == str(len(tools))
-    with pytest.raises(Rejected, match="messages and tools") as err:
+    with pytest.raises(Rejected, match="messages, tools and template values") as err:
         tokenize.render_chat(tiny, MESSAGES, [*tools, {}], kwargs)
     assert err.value.reason == "too_large"
+
+
+def test_everything_a_request_hands_its_template_counts_toward_the_items(tiny):
+    """Every list element and object entry of the request's messages (their tool calls too)
+    and own template variables, at any depth and under any name (documents or a kwarg's nested
+    lists), counts: one more than the bound is refused before a render, the bound renders."""
+    kwargs = {"chat_template": "{{ messages|length }}"}
+    room = tokenize.MAX_RENDERED_ITEMS - 3  # MESSAGES: a message of two entries
+    # documents: one-entry objects, two items each
+    documents = [{"text": "x"}] * (room // 2)
+    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, own_kwargs={"documents": documents})
+    nested = {"any": {"depth": [[0] * (room - 3)]}}  # 1 + 1 + 1 + (room - 3): the bound
+    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, own_kwargs=nested)
+    over = ({"documents": [*documents, {"text": "x"}]}, {"any": {"depth": [[0] * (room - 2)]}})
+    for own in over:
+        with pytest.raises(Rejected, match="template values") as err:
+            tokenize.render_chat(tiny, MESSAGES, None, kwargs, own_kwargs=own)
+        assert err.value.reason == "too_large"
+    call = {"type": "function", "function": {"name": "f", "arguments": {}}}  # 2 + 2 entries
+    calls = [call] * ((room - 4) // 5)  # 5 items a call with its place in the list
+    assistant = {"role": "assistant", "content": "", "tool_calls": calls}  # 1 + 3 + the calls
+    assert tokenize.render_chat(tiny, [*MESSAGES, assistant], None, kwargs) == "2"
+    with pytest.raises(Rejected, match="template values") as err:
+        tokenize.render_chat(tiny, [*MESSAGES, assistant, assistant], None, kwargs)
+    assert err.value.reason == "too_large"
+
+
+def test_handed_items_counts_every_entry_and_stops_past_its_limit():
+    value = {"a": [1, {"b": [2, 3]}, ()], "c": "text"}  # 2 + 3 + 1 + 2 entries
+    assert tokenize.handed_items((value, [value]), 100) == 8 + 1 + 8
+    assert tokenize.handed_items(("text",), 100) == 0
+    huge = [[0] * 1000] * 1000  # 1 Mi items, walked only until past the limit
+    assert 10 < tokenize.handed_items((huge,), 10) <= 10 + 1000
 
 
 def test_a_template_over_budget_on_some_requests_keeps_the_job(tight_budget, tiny):

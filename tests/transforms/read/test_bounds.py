@@ -210,6 +210,22 @@ def test_parquet_rows_within_the_pages_ceiling_are_read_and_checked_one_by_one(t
     )
 
 
+def test_a_parquet_rows_template_values_weigh_toward_its_bytes(tmp_path):
+    """A chat row's own template values (documents, chat_template_kwargs) are sized with the
+    rest of the row, as a JSONL line's are by being part of it: over the bound, unread."""
+    bound = 64 * 1024
+    hello = [{"role": "user", "content": "hi"}]
+    rows = [
+        {"timestamp": t, "messages": hello, "chat_template_kwargs": {"extra": ["x" * 100] * n}}
+        for t, n in ((0, 1), (1, bound // 100))
+    ]
+    path = tmp_path / "logs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    out = list(records_of(FileRange(str(path), 0, None), bound))
+    assert [x.reason for x in out if isinstance(x, DeadLetter)] == ["too_large"]
+    assert len(out) == 2
+
+
 def test_a_parquet_footer_over_the_bound_is_a_dead_letter(tmp_path):
     path = tmp_path / "logs.parquet"
     pq.write_table(pa.table({"timestamp": [1], "prompt": ["p"]}), path)
