@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import yaml
@@ -32,6 +32,7 @@ MAX_CONFIG_BYTES = 1 << 20
 # numeric scalar is refused before it is built (Python builds a long integer in quadratic time).
 MAX_NUMBER_CHARS = 40
 INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+MERGE_TAG = "tag:yaml.org,2002:merge"
 # YAML 1.1's numbers without base 60 (`1:30` is the string YAML 1.2 reads, not 90): the safe
 # loader builds `59:59:...` one base-60 digit at a time, a growing integer multiplied each step.
 _NUMBERS = (
@@ -99,6 +100,25 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        # A key given twice would silently take its last value, where JSON documents refuse it:
+        # checked on the mapping's own keys, before merge keys (<<) bring in ones it overrides.
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == MERGE_TAG:
+                    continue
+                key = self.construct_object(key_node)
+                if not isinstance(key, Hashable):  # the safe loader refuses it next
+                    continue
+                line = key_node.start_mark.line + 1
+                if key in lines:
+                    raise yaml.YAMLError(
+                        f"key {str(key)[:64]!r} given twice, at lines {lines[key]} and {line}"
+                    )
+                lines[key] = line
+        return super().construct_mapping(node, deep)
 
     def construct_document(self, node: Any) -> Any:
         _check_numbers(node)  # every scalar, tagged implicitly or explicitly, before any is built

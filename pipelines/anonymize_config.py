@@ -110,6 +110,7 @@ class AnonymizeConfig:
             segment_cache_bytes=self.segment_cache_bytes,
             tokenizer_backend=self.tokenizer_backend,
             tokenizer_sha256=self.tokenizer_sha256,
+            max_record_bytes=self.parse.max_record_bytes,
         )
 
     @property

@@ -108,6 +108,32 @@ def test_base_60_is_read_as_yaml_1_2_does_and_other_numbers_as_before(tmp_path):
     }
 
 
+@pytest.mark.parametrize(
+    "text, key, lines",
+    [
+        ("block-size: 16\nprocesses: 2\nblock-size: 32\n", "block-size", (1, 3)),
+        ("beam:\n  workers: 1\n  workers: 2\n", "workers", (2, 3)),
+        ("chat-template-kwargs: {a: 1, a: 2}\n", "a", (1, 1)),
+        ("1: x\n0x1: y\n", "1", (1, 2)),  # the same key once built
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_the_file_key_and_lines(tmp_path, text, key, lines):
+    preset = tmp_path / "twice.yaml"
+    preset.write_text(text)
+    with pytest.raises(ConfigError, match="given twice") as refused:
+        load_bounded_yaml(str(preset), "--config")
+    message = str(refused.value)
+    assert message.startswith(f"--config {preset}: ") and len(message.splitlines()) == 1
+    assert f"key {key!r} given twice, at lines {lines[0]} and {lines[1]}" in message
+
+
+def test_a_merge_key_still_overrides_what_it_brings(tmp_path):
+    preset = tmp_path / "merge.yaml"
+    preset.write_text("base: &b {x: 1, y: 2}\nnight:\n  <<: *b\n  x: 3\n")
+    loaded = load_bounded_yaml(str(preset), "--config")
+    assert loaded["night"] == {"x": 3, "y": 2}
+
+
 def test_a_preset_nested_within_the_bound_loads(tmp_path):
     preset = tmp_path / "ok.yaml"
     depth = MAX_DEPTH - 2  # the document's mapping and its value take two levels
@@ -127,11 +153,9 @@ def test_a_preset_nested_within_the_bound_loads(tmp_path):
 )
 def test_a_model_preset_size_out_of_bounds_is_refused(tmp_path, key, value):
     preset = tmp_path / "model.yaml"
-    preset.write_text(
-        f"name: m\nlayers: 32\nkv_heads: 8\nhead_dim: 128\n{key}: {value!r}\n".replace(
-            "True", "true"
-        )
-    )
+    sizes = {"layers": 32, "kv_heads": 8, "head_dim": 128, key: value}  # each key once
+    text = "".join(f"{name}: {size!r}\n" for name, size in sizes.items())
+    preset.write_text("name: m\n" + text.replace("True", "true"))
     with pytest.raises(ValueError, match=f"{key} must be a whole number"):
         load_model(str(preset))
 

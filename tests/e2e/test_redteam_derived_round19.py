@@ -36,7 +36,6 @@ def _eos_per_turn_tokenizer(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 19")
 def test_a_requests_own_special_token_cannot_multiply_its_render_past_the_bound(tmp_path):
     """Bounded resources. A request's chat_template_kwargs (read.chat.template_settings) may
     name any variable, so also eos_token: here 24 KB of words, which an eos-per-assistant-turn

@@ -37,10 +37,10 @@ from kvtrace.transforms.encode.segment_cache import (
     SegmentCache,
     SegmentEncoder,
 )
-from kvtrace.transforms.encode.tokenize import checked_tokenizer, render_chat
+from kvtrace.transforms.encode.tokenize import check_rendered, checked_tokenizer, render_chat
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.measured import NOT_MEASURED
-from kvtrace.transforms.read.records import Request
+from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES, Request
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_ROW_IDS, NO_RESPONSE_MS
 
 # Roles whose messages a template may leave out; only these are checked, so the check stays off
@@ -138,6 +138,7 @@ class EncodeOptions:
     segment_cache_bytes: int = DEFAULT_BUDGET_BYTES  # per worker; 0 tokenizes every text whole
     tokenizer_backend: str = DEFAULT_BACKEND  # fast_backend.BACKENDS: the same ids with each
     tokenizer_sha256: Mapping[str, str] = field(default_factory=dict)  # the run's files, if known
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # bounds a rendered prompt (check_rendered)
 
 
 Rendered = list[tuple[Request, "str | None"]]  # each request with its prompt text, if any
@@ -171,6 +172,7 @@ class RequestEncoder:
         self._scheme = options.hash_scheme
         self._emit_output_hashes = options.emit_output_hashes
         self._block_size = options.block_size
+        self._max_record_bytes = options.max_record_bytes
         self._seed = seed
 
     def encode(self, batch: Iterable[Request]) -> tuple[HashedBatch | None, list[DeadLetter]]:
@@ -281,7 +283,7 @@ class RequestEncoder:
     def _prompt(self, request: Request) -> str | None:
         """The text to tokenize, or None when the request came as token ids."""
         if request.kind == "chat":
-            return render_chat(
+            prompt = render_chat(
                 self._tokenizer,
                 request.messages,
                 request.tools,
@@ -289,6 +291,7 @@ class RequestEncoder:
                 request.timestamp_ms,
                 request.template_kwargs,
             )
+            return check_rendered(prompt, self._max_record_bytes)
         return request.prompt
 
 

@@ -295,6 +295,29 @@ def handed_items(values: tuple[Any, ...], limit: int) -> int:
     return count
 
 
+# A rendered prompt is held to RENDERED_PER_RECORD_BYTE characters a byte of --max-record-bytes,
+# plus RENDER_OVERHEAD_CHARS, before it is tokenized (an encode costs ~150 x its text,
+# BOUNDS.md): a template amplifies what it repeats (a request's own variable per turn, an
+# indented tojson of a nested object), and no real record comes near. The shipped templates
+# render a record at the bound of the tiniest messages, tools or tool calls to at most 1.1 x
+# its bytes (Qwen3's tools; DeepSeek-R1 0.94 x); the slack is a template's fixed text (a tool
+# preamble) at a small bound.
+RENDERED_PER_RECORD_BYTE = 4
+RENDER_OVERHEAD_CHARS = 1 << 16
+
+
+def check_rendered(prompt: str, max_record_bytes: int) -> str:
+    """The prompt, or a too_large Rejected for one longer than a record at the bound renders to."""
+    bound = RENDERED_PER_RECORD_BYTE * max_record_bytes + RENDER_OVERHEAD_CHARS
+    if len(prompt) > bound:
+        raise Rejected(
+            "too_large",
+            f"the chat template renders it to {len(prompt)} characters, over the {bound} "
+            f"a record within --max-record-bytes {max_record_bytes} renders to",
+        )
+    return prompt
+
+
 def _probe_render(tokenizer: Any, template_kwargs: dict[str, Any]) -> None:
     """PROBE_CONVERSATION rendered under the budget, once per tokenizer and template variables:
     an overrun stops the job (JobStopped); a template raising on it says nothing of its speed,

@@ -75,3 +75,46 @@ def test_a_requests_settings_are_never_probed(tiny_tokenizer):
     probed = set(tokenize._PROBED[shows])
     encoder.render([_request({"k": i}) for i in range(5)])
     assert tokenize._PROBED[shows] == probed
+
+
+# Writes the end-of-turn token after each message, as many chat templates do.
+EOS_PER_TURN = "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"
+
+
+def test_a_render_past_the_record_bound_is_too_large_before_it_is_tokenized(tiny_tokenizer):
+    """A request's own eos_token, merged over the tokenizer's as transformers merges it,
+    repeated by the template after each turn: the render is held to the record bound
+    (tokenize.check_rendered), whatever the template repeats."""
+    loaded = load_tokenizer(tiny_tokenizer)
+    tokenizer = FastTokenizer(loaded.backend_tokenizer, EOS_PER_TURN, {"eos_token": "</s>"})
+    bound = 1024
+    options = EncodeOptions("t", SaltSource("random"), 4, max_record_bytes=bound)
+    encoder = RequestEncoder(tokenizer, b"s" * 16, options)
+    turns = [{"role": "user", "content": "q"}] * 100
+    limit = tokenize.RENDERED_PER_RECORD_BYTE * bound + tokenize.RENDER_OVERHEAD_CHARS
+    eos = "w" * (limit // len(turns) - 1)  # the longest that renders within the bound
+    requests = [
+        Request("t", b"", 0, "chat", messages=turns, template_kwargs=own)
+        for own in (None, {"eos_token": eos}, {"eos_token": eos + "w"})
+    ]
+    rendered, rejected = encoder.render(requests)
+    assert [prompt for _, prompt in rendered] == ["q</s>" * 100, ("q" + eos) * 100]
+    assert [letter.reason for letter in rejected] == ["too_large"]
+    assert f"over the {limit}" in rejected[0].message
+
+
+def test_a_record_of_tiny_items_at_the_bound_renders_within_it(qwen3_tokenizer, deepseek_tokenizer):
+    """The shipped templates on the records they expand most: the tiniest messages and tools
+    filling a record at the bound render within RENDERED_PER_RECORD_BYTE x its bytes."""
+    bound = 1 << 16
+    message = {"role": "assistant", "content": ""}
+    tool = {"type": "function", "function": {"name": "f"}}
+    for name in (qwen3_tokenizer, deepseek_tokenizer):
+        tokenizer = load_tokenizer(name)
+        for messages, tools in (
+            ([message] * (bound // 34), None),
+            (MESSAGES, [tool] * (bound // 44)),
+        ):
+            prompt = tokenize.render_chat(tokenizer, messages, tools, {})
+            assert 0 < len(prompt) <= tokenize.RENDERED_PER_RECORD_BYTE * bound
+            assert tokenize.check_rendered(prompt, bound) == prompt
