@@ -9,6 +9,7 @@ from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.transforms.encode.encode_requests import EncodeOptions
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.schemes import HashScheme
+from kvtrace.transforms.read.records import ParseOptions
 
 
 def test_every_encode_option_is_the_configs_own():
@@ -26,10 +27,13 @@ def test_every_encode_option_is_the_configs_own():
         segment_cache_bytes=1 << 20,
         tokenizer_backend="fastokens",
         tokenizer_sha256={"a": "b" * 64},
+        parse=ParseOptions(max_record_bytes=1 << 20),
     )
     options = config.encode
     defaults = EncodeOptions("", SaltSource("random"))
     for option in dataclasses.fields(EncodeOptions):
-        given = getattr(config, option.name)
+        # the record bound is the reader's too: the config holds it once, in its parse options
+        owner = config.parse if option.name == "max_record_bytes" else config
+        given = getattr(owner, option.name)
         assert getattr(options, option.name) == given, option.name
         assert given != getattr(defaults, option.name), f"{option.name} is not tested"
