@@ -55,9 +55,13 @@ class DeadLetter:
     # A Parquet row's bytes as JSON (read/records.SizedLine): weighed in --max-rejected-fraction
     # at its file's share (Tally), known once the whole file is read, so sized in one pass.
     row_bytes: int = 0
-    # Set on the one share record of a Parquet file (read/sources.RowShare): (bytes as stored,
-    # bytes as JSON) of its rows read; no record, neither written nor counted, only tallied.
-    share: tuple[int, int] | None = None
+    # Their part in each top-level column of the file, which places the row in each column's
+    # stored bytes (Tally); not written.
+    row_columns: tuple[int, ...] = ()
+    # Set on the one share record of a Parquet file (read/sources.RowShare): (column, bytes as
+    # stored, bytes as JSON) of its rows read, per column and WHOLE_ROW; no record, neither
+    # written nor counted, only tallied.
+    share: tuple[tuple[int, int, int], ...] | None = None
     # Whether the record may hold an engine's raw block hashes: decided once, where the letter
     # is made, by the run (every letter of a capture run) or by the decoded record (a text
     # run's: read/captures.holds_engine_hashes), never by the line's bytes, which an escaped
@@ -122,20 +126,27 @@ def _whole_line(line: bytes) -> dict:
     return {"line_bytes": len(line), "line_sha256": hashlib.sha256(line).hexdigest()}
 
 
+# A Parquet file's column (Tally, read/sources.RowShare) for its rows' whole size: weighs what
+# its groups own past their columns' bytes.
+WHOLE_ROW = -1
+
+
 @dataclass(frozen=True)
 class Tally:
     """What a run keeps in memory of its dead letters, however many: counts, the input bytes
-    they lost, and how many of each reason. Parquet rows' letters are summed per file as JSON
-    bytes (row_bytes), and each file's share (shares: its rows' bytes as stored and as JSON)
-    turns them into bytes as stored once every part is added: a row weighs its own size, its
-    file's rows together weigh the bytes they were read from, and no split or order of the
-    parts changes the sum."""
+    they lost, and how many of each reason. Parquet rows' letters are summed per file and
+    column as JSON bytes (row_bytes in WHOLE_ROW, row_columns in each column), and each file's
+    share (shares: per column, its rows' bytes as stored and as JSON) turns them into bytes as
+    stored once every part is added: a row weighs the column chunks its values were stored in
+    at its part of each, its file's rows together weigh the bytes they were read from, and no
+    split or order of the parts changes the sum."""
 
     count: int = 0
     stored_lost: int = 0  # letters' lost_bytes
     reasons: tuple[tuple[str, int], ...] = ()  # (reason, count), sorted
-    row_bytes: tuple[tuple[str, int], ...] = ()  # (source, its row letters' row_bytes), sorted
-    shares: tuple[tuple[str, int, int], ...] = ()  # (source, stored, as JSON), sorted
+    # (source, column, its row letters' bytes as JSON in it), sorted
+    row_bytes: tuple[tuple[str, int, int], ...] = ()
+    shares: tuple[tuple[str, int, int, int], ...] = ()  # (source, column, stored, as JSON)
 
     @classmethod
     def of(cls, letters: Iterable[DeadLetter]) -> Tally:
@@ -145,30 +156,33 @@ class Tally:
         return counts.tally
 
     def __add__(self, other: Tally) -> Tally:
-        reasons = Counter(dict(self.reasons)) + Counter(dict(other.reasons))
-        rows = Counter(dict(self.row_bytes)) + Counter(dict(other.row_bytes))
-        shares: dict[str, tuple[int, int]] = {}
-        for source, stored, sized in self.shares + other.shares:
-            was = shares.get(source, (0, 0))
-            shares[source] = (was[0] + stored, was[1] + sized)
-        return Tally(
-            self.count + other.count,
-            self.stored_lost + other.stored_lost,
-            tuple(sorted(reasons.items())),
-            tuple(sorted(rows.items())),
-            tuple(sorted((source, *share) for source, share in shares.items())),
-        )
+        counts = _Counts()
+        for tally in (self, other):
+            counts.reasons.update(dict(tally.reasons))
+            counts.rows.update({(s, c): b for s, c, b in tally.row_bytes})
+            counts.stored.update({(s, c): b for s, c, b, _ in tally.shares})
+            counts.sized.update({(s, c): b for s, c, _, b in tally.shares})
+        counts.count = self.count + other.count
+        counts.lost = self.stored_lost + other.stored_lost
+        return counts.tally
 
     @property
     def lost_bytes(self) -> int:
         """Input bytes as stored that became no record: letters' lost_bytes, and each file's
-        row letters' JSON bytes at its share, rounded up, never more than its rows' bytes (a
-        file with no share, never expected, weighs its rows' JSON bytes: more, never less)."""
-        shares = {source: (stored, sized) for source, stored, sized in self.shares}
+        row letters' JSON bytes in each column at its share, rounded up, never more than the
+        column's bytes (a file with no share, never expected, weighs its rows' JSON bytes:
+        more, never less)."""
+        shares = {
+            (source, column): (stored, sized) for source, column, stored, sized in self.shares
+        }
+        with_share = {source for source, *_ in self.shares}
         lost = self.stored_lost
-        for source, sized_lost in self.row_bytes:
-            stored, sized = shares.get(source, (sized_lost, sized_lost))
-            lost += min(-(-sized_lost * stored // max(sized, 1)), stored)
+        for source, column, sized_lost in self.row_bytes:
+            if (source, column) in shares:
+                stored, sized = shares[source, column]
+                lost += min(-(-sized_lost * stored // max(sized, 1)), stored)
+            elif column == WHOLE_ROW or source in with_share:
+                lost += sized_lost
         return lost
 
     def of_reason(self, reason: str) -> int:
@@ -180,21 +194,24 @@ class _Counts:
 
     def __init__(self) -> None:
         self.reasons: Counter[str] = Counter()
-        self.rows: Counter[str] = Counter()
-        self.shares: Counter[str] = Counter()  # source -> Tally.shares' pair, summed below
-        self.sized: Counter[str] = Counter()
+        self.rows: Counter[tuple[str, int]] = Counter()  # (source, column) -> bytes as JSON
+        self.stored: Counter[tuple[str, int]] = Counter()  # Tally.shares' pair, summed below
+        self.sized: Counter[tuple[str, int]] = Counter()
         self.count = self.lost = 0
 
     def add(self, letter: DeadLetter) -> bool:
         """Count a letter; False for a file's share record, which is no letter."""
         if letter.share is not None:
-            self.shares[letter.source] += letter.share[0]
-            self.sized[letter.source] += letter.share[1]
+            for column, stored, sized in letter.share:
+                self.stored[letter.source, column] += stored
+                self.sized[letter.source, column] += sized
             return False
         self.count, self.lost = self.count + 1, self.lost + letter.lost_bytes
         self.reasons[letter.reason] += 1
         if letter.row_bytes:
-            self.rows[letter.source] += letter.row_bytes
+            self.rows[letter.source, WHOLE_ROW] += letter.row_bytes
+            for column, sized in enumerate(letter.row_columns):
+                self.rows[letter.source, column] += sized
         return True
 
     @property
@@ -203,10 +220,8 @@ class _Counts:
             self.count,
             self.lost,
             tuple(sorted(self.reasons.items())),
-            tuple(sorted(self.rows.items())),
-            tuple(
-                sorted((source, self.shares[source], self.sized[source]) for source in self.sized)
-            ),
+            tuple(sorted((*key, sized) for key, sized in self.rows.items())),
+            tuple(sorted((*key, self.stored[key], sized) for key, sized in self.sized.items())),
         )
 
 

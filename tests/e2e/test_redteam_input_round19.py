@@ -38,10 +38,9 @@ def _prompts_beside_a_wrapped_token_log() -> list[dict]:
     return [*rows, {"object": "list", "data": data}]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 19")
 def test_a_parquet_row_of_numbers_wrapping_a_log_weighs_its_bytes(tiny_tokenizer, tmp_path):
     """Round 18 weighs a Parquet row's letter by its size as JSON at its file's share
-    (sources.RowShare, dead_letters.Tally), but the size is arrow_sizes.least_json_bytes, a
+    (sources.RowShare, dead_letters.Tally), but the size is arrow_sizes' JSON size, a
     memory lower bound: a number counts 1 byte (its JSON and its stored int64 are ~7 and ~5)
     and a key 0, while a string counts every byte. So a row of numbers weighs a fraction of
     its bytes beside rows of text: the wrapper above, 155 KB of the file's 163 KB (its

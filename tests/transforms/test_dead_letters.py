@@ -17,6 +17,7 @@ from kvtrace.transforms.dead_letters import (
     DAMAGED_FILE,
     LETTER_LINE_BYTES,
     LETTER_MESSAGE_CHARS,
+    WHOLE_ROW,
     WITHHELD_LINE,
     DeadLetter,
     SortedRuns,
@@ -52,20 +53,36 @@ def test_letters_are_counted_as_they_come(tmp_path):
 def test_row_letters_weigh_their_files_share_whatever_the_split_and_are_no_letters_themselves(
     tmp_path,
 ):
-    """A Parquet row's letter carries its bytes as JSON (row_bytes); its file's share record
-    (stored, as JSON) turns them into bytes as stored once every part is added, so a tally of
-    parts, split anywhere and added in any order, weighs what the whole does; the share is
-    neither counted nor written, and a file's rows weigh its rows' bytes at most."""
-    rows = [DeadLetter("f.parquet", b"{}", "no_input", "x", row_bytes=n) for n in (10, 990)]
-    share = DeadLetter("f.parquet", b"", "row_share", "s", share=(100, 1_000))
+    """A Parquet row's letter carries its bytes as JSON (row_bytes) and their part in each
+    column (row_columns); its file's share record (per column and WHOLE_ROW: stored, as JSON)
+    turns them into bytes as stored once every part is added, each column's chunks shared by
+    that column's sizes, so a tally of parts, split anywhere and added in any order, weighs
+    what the whole does; the share is neither counted nor written, and a file's rows weigh its
+    rows' bytes at most."""
+    rows = [
+        DeadLetter("f.parquet", b"{}", "no_input", "x", row_bytes=sum(c), row_columns=c)
+        for c in ((8, 2), (2, 988))
+    ]
+    # column 0: 60 bytes for 10 of JSON, column 1: 30 for 990, 10 more owned by whole rows
+    share = DeadLetter(
+        "f.parquet",
+        b"",
+        "row_share",
+        "s",
+        share=((WHOLE_ROW, 10, 1_000), (0, 60, 10), (1, 30, 990)),
+    )
     other = DeadLetter("g.jsonl", b"{", "invalid_json", "x", lost_bytes=7)
     letters = [*rows, share, other]
     whole = Tally.of(letters)
-    assert (whole.count, whole.lost_bytes) == (3, 1 + 99 + 7)
+    # row 0: 48 of column 0, 1 of 1 (0.06 up), 1 of the rest; row 1: 12, 30 (29.94 up), 10 (9.9 up)
+    assert (whole.count, whole.lost_bytes) == (3, 100 + 7)
+    assert Tally.of([rows[0], share]).lost_bytes == 48 + 1 + 1
     for cut in range(len(letters) + 1):
-        assert Tally.of(letters[cut:]) + Tally.of(letters[:cut]) == whole
-    assert Tally.of([rows[1], share, share]).lost_bytes == 99  # a file read twice: same share
+        for order in (letters[cut:] + letters[:cut], letters[:cut][::-1] + letters[cut:]):
+            assert Tally.of(order[:cut]) + Tally.of(order[cut:]) == whole
+    assert Tally.of([rows[1], share, share]).lost_bytes == 12 + 30 + 10  # read twice: same share
     assert Tally.of([*rows, *rows, share]).lost_bytes == 100  # never more than its rows' bytes
+    assert Tally.of(rows).lost_bytes == 1_000  # no share (never expected): its rows' JSON bytes
     runs = SortedRuns(str(tmp_path))
     for item in letters:
         runs.add(item)

@@ -39,13 +39,14 @@ def fixed_value_bytes(physical_type: str, type_length: int) -> int | None:
     return _PHYSICAL_WIDTHS[physical_type]
 
 
-def least_json_bytes(batch: pa.RecordBatch) -> np.ndarray:
-    """Per row of the batch, the fewest bytes its values take as JSON, each container counted
-    CONTAINER_BYTES at least (int64)."""
-    total = np.zeros(batch.num_rows, dtype=np.int64)
-    for column in batch.columns:
-        total += _value_bytes(column)
-    return total
+def column_json_bytes(batch: pa.RecordBatch) -> np.ndarray:
+    """Per row of the batch and per column (rows x columns), the fewest bytes its value takes
+    as JSON, each container counted CONTAINER_BYTES at least (int64): a row's size is its
+    row's sum; each column's, what places the row in that column's stored bytes."""
+    sizes = np.zeros((batch.num_rows, batch.num_columns), dtype=np.int64)
+    for index, column in enumerate(batch.columns):
+        sizes[:, index] = _value_bytes(column)
+    return sizes
 
 
 def largest_value_bytes(array: pa.Array) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import glob
 import io
+import itertools
 import logging
 import os
 import sys
@@ -28,9 +29,9 @@ import pyarrow.parquet as pq
 from kvtrace.transforms import storage
 from kvtrace.transforms.batching import batches_by_weight
 from kvtrace.transforms.read.arrow_sizes import (
+    column_json_bytes,
     fixed_value_bytes,
     largest_value_bytes,
-    least_json_bytes,
 )
 from kvtrace.transforms.read.bloom_filter import bitset, plain_hashes
 from kvtrace.transforms.read.decompress import DecodedStream, form_name
@@ -663,7 +664,7 @@ def _stray_bytes(
     owned = _OWNED[raw] = []
     for index, group in enumerate(footer.fields.get(4) or []):
         row_group = metadata.row_group(index)
-        size = 0  # the bytes of its parts: what a letter of it weighs (group_bytes)
+        sizes = []  # each chunk's parts' bytes: what a letter of it weighs (group_bytes)
         for column, chunk in enumerate(group.get(1) or []):
             meta = row_group.column(column)
             pages = chunk_pages(raw, meta)  # walked: _check_chunks
@@ -672,8 +673,8 @@ def _stray_bytes(
             owns += [(*extra, tuple) for extra in _chunk_extras(raw, chunk, values, body_end)]
             values.release()  # held below for a copy's check: a file's chunks never at once
             parts.extend(owns)
-            size += sum(end - start for start, end, _ in owns)
-        owned.append(size)
+            sizes.append(sum(end - start for start, end, _ in owns))
+        owned.append(sizes)
     parts.sort(key=lambda part: part[:2])
     at, first, size, copies = len(PARQUET_MAGIC), None, 0, tuple
     for start, end, entries in [*parts, (body_end, body_end, tuple)]:
@@ -696,7 +697,7 @@ def _stray_bytes(
 
 
 # The bytes each row group of an open Parquet file owns (_stray_bytes), for group_bytes.
-_OWNED: weakref.WeakKeyDictionary[IO[bytes], list[int]] = weakref.WeakKeyDictionary()
+_OWNED: weakref.WeakKeyDictionary[IO[bytes], list[list[int]]] = weakref.WeakKeyDictionary()
 
 
 def group_bytes(raw: IO[bytes], group: int) -> int:
@@ -706,7 +707,28 @@ def group_bytes(raw: IO[bytes], group: int) -> int:
     reads (a chunk over the ceiling: its statistics and bloom filter held to nothing) is
     accounted for only as weighed by its group's letter, the group refused in every reader
     (oversized_pages)."""
-    return _OWNED[raw][group]
+    return sum(_OWNED[raw][group])
+
+
+def column_bytes(raw: IO[bytes], parquet: pq.ParquetFile, group: int) -> list[int] | None:
+    """The bytes a row group owns (group_bytes) per top-level column of the file's Arrow
+    schema: its leaves' chunks and their indexes and bloom filters (a file's leaves are its
+    columns' in schema order). None when the leaves do not map onto the columns so."""
+    leaves = _OWNED[raw][group]
+    counts = [_leaf_count(field.type) for field in parquet.schema_arrow]
+    if sum(counts) != len(leaves):
+        return None
+    ends = itertools.accumulate(counts)
+    return [sum(leaves[end - count : end]) for end, count in zip(ends, counts, strict=True)]
+
+
+def _leaf_count(kind: pa.DataType) -> int:
+    """The Parquet leaf columns a value of an Arrow type is stored in (_check_schema bounded
+    its depth)."""
+    if isinstance(kind, pa.BaseExtensionType):
+        return _leaf_count(kind.storage_type)
+    children = [] if pa.types.is_dictionary(kind) else child_fields(kind)
+    return sum(_leaf_count(child.type) for child in children) if children else 1
 
 
 def _copied(footer: Footer, chunk: dict[int, Any], values: _ChunkValues) -> tuple[bytes, ...]:
@@ -1258,6 +1280,7 @@ class SizedRows(NamedTuple):
     rows: pa.RecordBatch | None  # rows within the bound, together within it; None: one over it
     size: int  # the rows' size as JSON, at least (arrow_sizes.py)
     sizes: np.ndarray  # each row's, as size sums them (what its letter weighs: sources.RowShare)
+    columns: np.ndarray  # each row's per top-level column (rows x columns), summed in sizes
 
 
 def sized_rows(
@@ -1285,12 +1308,14 @@ def sized_rows(
     batches = group_read.reader.iter_batches(rows, row_groups=[group], columns=names)
     while read < counted and (batch := next(batches, None)) is not None:
         batch = batch.slice(0, counted - read)
-        sizes = least_json_bytes(batch)
+        columns = column_json_bytes(batch)
+        sizes = columns.sum(axis=1)
         for run in batches_by_weight(range(batch.num_rows), max_row_bytes, sizes.__getitem__):
             size = int(sizes[run].sum())
             within = size <= max_row_bytes  # over the weight: a run alone
             rows = batch.slice(run[0], len(run)) if within else None
-            yield SizedRows(read + run[0], rows, size, sizes[run[0] : run[0] + len(run)])
+            at = slice(run[0], run[0] + len(run))
+            yield SizedRows(read + run[0], rows, size, sizes[at], columns[at])
         read += batch.num_rows
 
 

@@ -120,8 +120,29 @@ class StoredLine(Weighed, bytes):
 
 class SizedLine(StoredLine):
     """A Parquet row's rendering, `stored` its row's bytes as JSON as they were sized before
-    decoding (sources.StoredRow): its letter weighs them at its file's share, known once the
-    file is read (dead_letters.Tally)."""
+    decoding (sources.StoredRow, a RowSize): its letter weighs them at its file's share, known
+    once the file is read (dead_letters.Tally)."""
+
+
+class RowSize(int):
+    """A Parquet row's bytes as JSON as sized before decoding, and `columns` their part in each
+    top-level column of its file, which places the row in each column's stored bytes."""
+
+    columns: tuple[int, ...]
+
+    @classmethod
+    def of(cls, columns: tuple[int, ...]) -> RowSize:
+        size = cls(sum(columns))
+        size.columns = columns
+        return size
+
+    def __reduce__(self) -> tuple[Any, ...]:  # Beam pickles it with its row
+        return RowSize.of, (self.columns,)
+
+
+def row_weight(size: RowSize) -> dict[str, Any]:
+    """A Parquet row letter's weight fields (dead_letters.DeadLetter.row_bytes, row_columns)."""
+    return {"row_bytes": int(size), "row_columns": size.columns}
 
 
 def line_weight(line: bytes) -> int:
@@ -131,12 +152,13 @@ def line_weight(line: bytes) -> int:
     return line.stored if isinstance(line, StoredLine) else len(line)
 
 
-def letter_weight(line: bytes) -> dict[str, int]:
+def letter_weight(line: bytes) -> dict[str, Any]:
     """A letter's weight fields for a record's line (line_weight): a Parquet row's as
     `row_bytes`, weighed at its file's share once the file is read; any other's as
     `lost_bytes`, bytes as stored."""
-    key = "row_bytes" if isinstance(line, SizedLine) else "lost_bytes"
-    return {key: line_weight(line)}
+    if isinstance(line, SizedLine):
+        return row_weight(line.stored)  # type: ignore[arg-type]
+    return {"lost_bytes": line_weight(line)}
 
 
 @dataclass(frozen=True)

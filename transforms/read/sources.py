@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter, shown_name
+from kvtrace.transforms.dead_letters import DAMAGED_FILE, WHOLE_ROW, DeadLetter, shown_name
 from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
 from kvtrace.transforms.read.decompress import PLAIN_SUFFIX, content_form, input_name
 from kvtrace.transforms.read.numbers import row_reader
@@ -38,6 +38,7 @@ from kvtrace.transforms.read.paths import (
     StrayBytes,
     broken_off,
     child_fields,
+    column_bytes,
     compression_of,
     group_bytes,
     is_parquet,
@@ -55,6 +56,7 @@ from kvtrace.transforms.read.paths import (
 from kvtrace.transforms.read.records import (
     ParseOptions,
     Request,
+    RowSize,
     SizedLine,
     StoredLine,
     Weighed,
@@ -62,6 +64,7 @@ from kvtrace.transforms.read.records import (
     letter_weight,
     object_of,
     request_from_object,
+    row_weight,
     without_nulls,
 )
 from kvtrace.transforms.storage import is_url
@@ -290,18 +293,41 @@ class StoredRow(Weighed, dict):
 
 @dataclass
 class RowShare:
-    """A Parquet file's rows read so far: the bytes as stored of their row groups and their
-    bytes as JSON. Its one share record (letter) ends the file's read: the tally weighs each
-    row letter's JSON bytes at stored over sized (dead_letters.Tally), so rows are sized once,
-    as they are read, and no group is sized whole before it."""
+    """A Parquet file's rows read so far, per top-level column (and WHOLE_ROW): the bytes as
+    stored their row groups own in that column (paths.column_bytes) and the rows' bytes as JSON
+    in it. Its one share record (letter) ends the file's read: the tally weighs each row
+    letter's JSON bytes in each column at that column's stored over sized (dead_letters.Tally),
+    so a row weighs the chunks its values were stored in, rows are sized once, as they are
+    read, and no group is sized whole before it."""
 
-    stored: int = 0
-    sized: int = 0
+    stored: dict[int, int] = dataclasses.field(default_factory=dict)
+    sized: dict[int, int] = dataclasses.field(default_factory=dict)
 
-    def letter(self, path: str) -> DeadLetter:
-        return DeadLetter(
-            path, b"", "row_share", "the share its rows weigh at", share=(self.stored, self.sized)
-        )
+    def add_group(self, raw: IO[bytes], parquet: pq.ParquetFile, group: int, stored: int) -> None:
+        """A group's owned bytes (group_stored_bytes), placed in its columns in their order,
+        never past the group's: what is left is WHOLE_ROW's."""
+        left = group_stored_bytes(raw, group, stored)
+        for column, owned in enumerate(column_bytes(raw, parquet, group) or []):
+            self._add(self.stored, column, min(owned, left))
+            left -= min(owned, left)
+        self._add(self.stored, WHOLE_ROW, left)
+
+    def add_rows(self, columns: np.ndarray) -> None:
+        """Rows' sizes per column (paths.SizedRows.columns)."""
+        for column, sized in enumerate(columns.sum(axis=0).tolist()):
+            self._add(self.sized, column, sized)
+        self._add(self.sized, WHOLE_ROW, int(columns.sum()))
+
+    @staticmethod
+    def _add(counts: dict[int, int], column: int, count: int) -> None:
+        counts[column] = counts.get(column, 0) + count
+
+    def letter(self, path: str) -> DeadLetter | None:
+        """The share record, None if no row was read."""
+        if not self.sized.get(WHOLE_ROW):
+            return None
+        share = tuple((c, self.stored.get(c, 0), sized) for c, sized in sorted(self.sized.items()))
+        return DeadLetter(path, b"", "row_share", "the share its rows weigh at", share=share)
 
 
 def misnamed_form(path: str) -> str | None:
@@ -425,8 +451,8 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
                 stored or _range_stored_bytes(FileRange(path, 0, None)), reached
             ),
         )
-    if share.sized:
-        yield share.letter(path)
+    if (letter := share.letter(path)) is not None:
+        yield letter
 
 
 def group_stored_bytes(raw: IO[bytes], group: int, stored: int) -> int:
@@ -458,8 +484,8 @@ def _row_group(
     try:
         for run in sized_rows(raw, parquet, group, max_record_bytes, PARQUET_BATCH_ROWS):
             if run.first == 0:
-                share.stored += group_stored_bytes(raw, group, stored)
-            share.sized += run.size
+                share.add_group(raw, parquet, group, stored)
+            share.add_rows(run.columns)
             if run.rows is None:
                 yield DeadLetter(
                     path,
@@ -467,10 +493,10 @@ def _row_group(
                     "too_large",
                     f"row {first + run.first} not decoded: {run.size} bytes as "
                     f"JSON at least, over --max-record-bytes {max_record_bytes}",
-                    row_bytes=run.size,
+                    **row_weight(RowSize.of(tuple(run.columns.sum(axis=0).tolist()))),
                 )
             else:
-                yield from _python_rows(path, run.rows, dense, first + run.first, run.sizes)
+                yield from _python_rows(path, run.rows, dense, first + run.first, run.columns)
             read = run.first + (1 if run.rows is None else run.rows.num_rows)
     except MemoryError:  # the process's state, not the file's
         raise
@@ -486,20 +512,21 @@ def _row_group(
 
 
 def _python_rows(
-    path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int, sizes: np.ndarray
+    path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int, columns: np.ndarray
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     """Rows (sized already) as dicts: the one place Parquet values become Python values, each
     the JSON value of its text as its Arrow type decides (numbers.json_reader: a decimal, a
     narrow float, bytes). A value Arrow holds but Python cannot (a timestamp past year 9999, a
     decimal past its precision, a map with a key twice, bytes not UTF-8) fails its row alone:
     the rows are then converted one by one, and each that fails is a dead letter saying why,
-    numbered from `first`. Each row weighs its size in `sizes` (StoredRow)."""
+    numbered from `first`. Each row weighs its size per column in `columns` (StoredRow)."""
     try:
         converted = _as_python(rows, dense)
     except CONVERSION_FAILURES:
         converted = None
+    sizes = [RowSize.of(tuple(row)) for row in columns.tolist()]
     if converted is not None:
-        for row, size in zip(converted, sizes.tolist(), strict=True):
+        for row, size in zip(converted, sizes, strict=True):
             yield path, StoredRow.weighing(without_nulls(row), size)
         return
     for index in range(rows.num_rows):
@@ -512,10 +539,10 @@ def _python_rows(
                 b"",
                 failed.reason,
                 f"row {first + index} has a value Python cannot hold: {failed.message}",
-                row_bytes=int(sizes[index]),
+                **row_weight(sizes[index]),
             )
             continue
-        yield path, StoredRow.weighing(without_nulls(row), int(sizes[index]))
+        yield path, StoredRow.weighing(without_nulls(row), sizes[index])
 
 
 def _as_python(rows: pa.RecordBatch, dense: pa.Schema) -> list[dict]:
@@ -601,7 +628,7 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             b"",
             "too_deep",
             "row nested too deep to serialize",
-            row_bytes=getattr(record, "stored", 0),
+            **(row_weight(record.stored) if isinstance(record, StoredRow) else {}),
             withhold=options.withholds_letters,
         )
     if isinstance(record, StoredRow):  # its rendering stands for the row's bytes as stored

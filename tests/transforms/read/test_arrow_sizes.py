@@ -15,13 +15,19 @@ from helpers import records_of
 from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.read.arrow_sizes import (
     CONTAINER_BYTES,
+    column_json_bytes,
     fixed_value_bytes,
     largest_value_bytes,
-    least_json_bytes,
 )
 from kvtrace.transforms.read.paths import group_reader, parquet_file
 from kvtrace.transforms.read.records import CONTAINERS_BOUND_MULTIPLE, PARSED_CONTAINER_BYTES
 from kvtrace.transforms.read.sources import FileRange
+
+
+def least_bytes(batch: pa.RecordBatch) -> list[int]:
+    """Each row's size: its columns' summed (arrow_sizes.column_json_bytes)."""
+    return column_json_bytes(batch).sum(axis=1)
+
 
 TEXT = st.one_of(st.none(), st.text(max_size=12))
 MESSAGE = st.one_of(st.none(), st.fixed_dictionaries({"role": TEXT, "content": TEXT}))
@@ -67,7 +73,7 @@ def test_the_count_never_exceeds_the_rows_json(rows, as_dictionaries, start):
     if as_dictionaries:
         table = table.set_column(0, "prompt", table["prompt"].dictionary_encode())
     batch = table.combine_chunks().to_batches()[0].slice(min(start, len(rows) - 1))
-    sizes = least_json_bytes(batch)
+    sizes = least_bytes(batch)
     decoded = batch.to_pylist()
     assert len(sizes) == len(decoded)
     for size, row in zip(sizes, decoded):
@@ -104,7 +110,7 @@ def test_an_empty_container_counts_what_it_costs_as_a_python_value():
             "empty_struct": pa.array([{"a": None}], pa.struct([("a", pa.int8())])),
         }
     )
-    assert least_json_bytes(batch).tolist() == [CONTAINER_BYTES * empties + CONTAINER_BYTES]
+    assert least_bytes(batch).tolist() == [CONTAINER_BYTES * empties + CONTAINER_BYTES]
     assert CONTAINER_BYTES == PARSED_CONTAINER_BYTES // CONTAINERS_BOUND_MULTIPLE
     assert CONTAINER_BYTES * empties > 4 << 20
 
@@ -113,7 +119,7 @@ def test_a_shared_dictionary_entry_counts_for_every_row_that_references_it():
     big = "hello " * 1000
     column = pa.array([big, "x", big]).dictionary_encode()
     batch = pa.record_batch([column], names=["prompt"])
-    assert list(least_json_bytes(batch)) == [len(big) + 2, 3, len(big) + 2]
+    assert list(least_bytes(batch)) == [len(big) + 2, 3, len(big) + 2]
 
 
 def test_rows_of_a_dictionary_bomb_over_the_bound_are_refused_undecoded(tmp_path):
@@ -184,9 +190,10 @@ def test_the_largest_value_is_the_longest_string_with_its_quotes():
 
 def test_a_fixed_size_binary_value_is_its_width_with_quotes():
     assert largest_value_bytes(pa.array([b"abc", None], pa.binary(3))) == 5
-    assert least_json_bytes(
-        pa.record_batch({"b": pa.array([None, b"ab"], pa.binary(2))})
-    ).tolist() == [4, 4]  # a null is `null` as JSON
+    assert least_bytes(pa.record_batch({"b": pa.array([None, b"ab"], pa.binary(2))})).tolist() == [
+        4,
+        4,
+    ]  # a null is `null` as JSON
 
 
 def test_a_fixed_size_physical_type_decodes_to_its_width():
@@ -224,7 +231,7 @@ def test_a_null_costs_what_json_spells_and_a_list_of_nulls_is_sized_from_its_off
     numbers = pa.array([[1, None], None, []], pa.list_(pa.int64()))
     batch = pa.record_batch({"junk": nulls, "ids": numbers[:2], "prompt": pa.array([None, "a"])})
     tracemalloc.start()
-    sizes = least_json_bytes(batch)
+    sizes = least_bytes(batch)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert sizes.tolist() == [4 * values + CONTAINER_BYTES + 4, CONTAINER_BYTES + 4 + 3]
@@ -240,10 +247,10 @@ def test_a_dictionary_index_outside_its_entries_is_refused_not_read_past(index):
         pa.array([0, index], pa.int32()), pa.array(["a", "bb", "ccc"]), safe=False
     )
     with pytest.raises(ValueError, match="outside its 3 entries"):
-        least_json_bytes(pa.record_batch([damaged], ["s"]))
+        least_bytes(pa.record_batch([damaged], ["s"]))
 
 
 def test_a_null_rows_index_is_never_looked_at():
     indices = pa.array([2, None], pa.int32())
     column = pa.DictionaryArray.from_arrays(indices, pa.array(["a", "bb", "ccc"]))
-    assert least_json_bytes(pa.record_batch([column], ["s"])).tolist() == [5, 4]
+    assert least_bytes(pa.record_batch([column], ["s"])).tolist() == [5, 4]

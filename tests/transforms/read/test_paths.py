@@ -30,7 +30,9 @@ from kvtrace.transforms.read.paths import (
     _unraised,
     check_footer,
     chunk_pages,
+    column_bytes,
     expand_inputs,
+    group_bytes,
     parquet_file,
     python_values,
     read_parquet_within,
@@ -764,3 +766,26 @@ def test_a_bloom_filter_is_its_header_and_bitset_exactly(tmp_path):
     thrift_field(metadata, 14)[2] = thrift_field(chunks[0], 4)[2]  # another part claimed
     with pytest.raises(ValueError, match="bloom filter at byte .* header not the spec's"):
         _opens(tmp_path, footer, body)
+
+
+def test_a_row_groups_owned_bytes_are_placed_in_its_top_level_columns(tmp_path):
+    """Each top-level column of every kind a file may hold owns its leaves' chunks, indexes and
+    bloom filters (paths.column_bytes), so together they are exactly the group's (group_bytes):
+    what a row letter weighs per column (sources.RowShare) adds up to what its group owns."""
+    table = pa.table(
+        {
+            "a": pa.array([1, 2]),
+            "m": pa.array([[("k", 1)], []], type=pa.map_(pa.string(), pa.int64())),
+            "s": pa.array([{"x": 1, "y": {"z": "q", "w": [1.0]}}, None]),
+            "d": pa.array(["u", "v"]).dictionary_encode(),
+            "f": pa.array([[1, 2], [3, 4]], type=pa.list_(pa.int32(), 2)),
+            "n": pa.array([None, None], type=pa.null()),
+            "ll": pa.array([[[1]], [[2, 3]]]),
+        }
+    )
+    path = tmp_path / "kinds.parquet"
+    pq.write_table(table, path, write_page_index=True, bloom_filter_options={"d": True})
+    with parquet_file(str(path), 1 << 20) as (raw, parquet):
+        owned = column_bytes(raw, parquet, 0)
+        assert parquet.metadata.num_columns == 10 and owned is not None
+        assert len(owned) == 7 and min(owned) > 0 and sum(owned) == group_bytes(raw, 0)

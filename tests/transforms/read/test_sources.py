@@ -10,6 +10,7 @@ import io
 import json
 import lzma
 import os
+import random
 import zlib
 
 import pyarrow as pa
@@ -20,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import records_of
-from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, WHOLE_ROW, DeadLetter
 from kvtrace.transforms.read.paths import Oversized, read_lines
-from kvtrace.transforms.read.records import ParseOptions
+from kvtrace.transforms.read.records import ParseOptions, row_weight
 from kvtrace.transforms.read.sources import BOM, FileRange, file_ranges, unread_bytes
 from kvtrace.transforms.read.timestamps import timestamp_ms
 
@@ -639,9 +640,10 @@ def test_a_compressed_line_refused_unread_weighs_its_stored_bytes_not_its_decode
 
 
 def _stored_row(row: dict, stored: int) -> dict:
+    from kvtrace.transforms.read.records import RowSize
     from kvtrace.transforms.read.sources import StoredRow
 
-    return StoredRow.weighing(row, stored)
+    return StoredRow.weighing(row, RowSize.of((stored,)))
 
 
 @pytest.mark.parametrize(
@@ -678,10 +680,16 @@ def test_a_compressed_line_and_a_row_keep_their_weight_between_beam_steps():
     assert (line, line.stored) == (b"{broken", 2)
     assert parse_one("logs.jsonl.gz", line, ParseOptions()).lost_bytes == 2
     row = pickle.loads(pickle.dumps(_stored_row({"timestamp": 1}, 3)))
-    assert (row, row.stored) == ({"timestamp": 1}, 3)
+    assert (row, row.stored, row.stored.columns) == ({"timestamp": 1}, 3, (3,))
     chat = {"timestamp": 1, "messages": [{"role": "user", "content": "hi"}]}
     request = parse_one("logs.parquet", _stored_row(chat, 5), ParseOptions())
-    assert pickle.loads(pickle.dumps(request)).letter("no_input", "x").row_bytes == 5
+    letter = pickle.loads(pickle.dumps(request)).letter("no_input", "x")
+    assert (letter.row_bytes, letter.row_columns) == (5, (5,))
+
+
+def _file_share(share: DeadLetter) -> int:
+    """The bytes as stored a file's share record places its rows in (sources.RowShare)."""
+    return sum(stored for _, stored, _ in share.share)
 
 
 @pytest.mark.parametrize("wrapper_at", [0, 10])
@@ -704,9 +712,40 @@ def test_a_parquet_rows_letter_weighs_its_own_size_at_its_files_share(tmp_path, 
     [letter] = [item for item in parsed if isinstance(item, DeadLetter)]
     stored = path.stat().st_size
     assert letter.reason == "no_input"
-    assert 0.9 * share.share[0] < Tally.of([letter, share]).lost_bytes <= share.share[0] < stored
-    every = [DeadLetter(share.source, b"", "r", "m", row_bytes=r.stored) for _, r in items[:-1]]
-    assert Tally.of([*every, share]).lost_bytes == share.share[0]
+    whole = _file_share(share)
+    assert 0.9 * whole < Tally.of([letter, share]).lost_bytes <= whole < stored
+    every = [DeadLetter(share.source, b"", "r", "m", **row_weight(r.stored)) for _, r in items[:-1]]
+    assert Tally.of([*every, share]).lost_bytes == whole
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_a_parquet_rows_letter_weighs_the_column_chunks_its_values_were_stored_in(tmp_path, groups):
+    """A row's size as JSON is a lower bound (a number 1 byte, a string all of its), so a row
+    of numbers beside rows of text would weigh far less than it holds at one share for the
+    file: its letter weighs each column's chunks at its part of that column's size (round 19).
+    A wrapper of 300 token-id requests beside 10 long prompts weighs nearly all of `data`'s
+    chunks (the other rows' nulls the rest), most of the file; the file's rows together weigh
+    exactly its groups' owned bytes."""
+    from kvtrace.transforms.dead_letters import Tally
+    from kvtrace.transforms.read.sources import parse_one, read_range
+
+    rng = random.Random(19)
+    prompt = " ".join(f"w{rng.randrange(10_000)}" for _ in range(2_000))
+    data = [{"input_ids": [rng.randrange(10**5, 10**6) for _ in range(100)]} for _ in range(300)]
+    rows = [{"timestamp": i, "prompt": prompt} for i in range(10)]
+    rows.insert(5, {"object": "list", "data": data})
+    path = tmp_path / "log.parquet"
+    pq.write_table(pa.Table.from_struct_array(pa.array(rows)), path, row_group_size=11 // groups)
+    items = list(read_range(FileRange(str(path), 0, None), 1 << 22))
+    [share] = [item for item in items if isinstance(item, DeadLetter)]
+    assert {column for column, _, _ in share.share} == {WHOLE_ROW, 0, 1, 2, 3}
+    parsed = [parse_one(*item, ParseOptions()) for item in items if item is not share]
+    [letter] = [item for item in parsed if isinstance(item, DeadLetter)]
+    owned = _file_share(share)
+    data_chunks = {column: stored for column, stored, _ in share.share}[3]
+    assert Tally.of([letter, share]).lost_bytes > 0.99 * data_chunks > 0.8 * owned
+    every = [DeadLetter(share.source, b"", "r", "m", **row_weight(r.stored)) for _, r in items[:-1]]
+    assert Tally.of([*every, share]).lost_bytes == owned < path.stat().st_size
 
 
 def _letters_of(path) -> list[DeadLetter]:
