@@ -580,3 +580,21 @@ def test_the_watchdog_leaves_forking_safe_and_a_forked_child_watches_its_own_ren
             os._exit(2)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ([0] * 100,),  # 201 bytes of JSON: the shortest an entry writes
+        ([[]] * 100,),
+        ({str(i): 0 for i in range(60)},),
+        ({1: list(range(100))},),  # a key orjson cannot write: the walk decides
+        ([2**70] * 101,),  # an integer past 64 bits, likewise
+        ([{"a": [0, 0]}] * 40,),
+    ],
+)
+@pytest.mark.parametrize("limit", [99, 100, 101, 200])
+def test_too_many_items_says_what_the_count_says(values, limit):
+    """The JSON-size shortcut is a proof (two bytes an entry at least), never a guess: it
+    answers as the walk does on either side of the limit."""
+    assert tokenize.too_many_items(values, limit) == (tokenize.handed_items(values, limit) > limit)
