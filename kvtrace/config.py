@@ -35,11 +35,12 @@ INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 MERGE_TAG = "tag:yaml.org,2002:merge"
 # YAML 1.1's numbers without base 60 (`1:30` is the string YAML 1.2 reads, not 90): the safe
 # loader builds `59:59:...` one base-60 digit at a time, a growing integer multiplied each step.
+# Nor octal by a leading zero (`0100` was 64 to YAML 1.1, 100 to its reader): such a value is a
+# string, refused where a number is expected, never a number other than the one written.
 _NUMBERS = (
     (
         INT_TAG,
         r"""^(?:[-+]?0b[0-1_]+
-        |[-+]?0[0-7_]+
         |[-+]?(?:0|[1-9][0-9_]*)
         |[-+]?0x[0-9a-fA-F_]+)$""",
         "-+0123456789",
@@ -150,6 +151,21 @@ def _check_numbers(root: yaml.Node) -> None:
                 stack.extend(((key_node, key), (value_node, name)))
 
 
+def _one_spelling(path: str, loaded: dict[str, Any]) -> dict[str, Any]:
+    """A file's options by their one name (`length-granularity` is `length_granularity`): an
+    option given in both spellings is given twice, refused as a key given twice is."""
+    named: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in loaded.items():
+        name = key.replace("-", "_")
+        if name in named:
+            raise ConfigError(
+                f"--config {path}: option {name} given twice (as {spelled[name]!r} and {key!r})"
+            )
+        named[name], spelled[name] = value, key
+    return named
+
+
 def _values(loaded: Any, budget: int = MAX_VALUES) -> int:
     """How many values a loaded document holds once aliases are expanded, stopping past the
     budget (an alias of an alias of ... doubles at each level)."""
@@ -240,7 +256,7 @@ def load_presets(
             raise ConfigError(f"--config {path}: `{BEAM_SECTION}:` must be a mapping")
         if not all(isinstance(key, str) for key in [*loaded, *beam_part]):
             raise ConfigError(f"--config {path}: option names must be strings")
-        named = {key.replace("-", "_"): value for key, value in loaded.items()}
+        named = _one_spelling(path, loaded)
         if kinds is not None:
             check_types(path, named, kinds)
         options.update(named)
