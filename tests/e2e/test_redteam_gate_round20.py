@@ -15,7 +15,6 @@ from kvtrace.cli import main
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_an_option_given_twice_in_two_spellings_in_a_config_is_refused(
     tiny_tokenizer, tmp_path, capsys
 ):
@@ -42,7 +41,6 @@ def test_an_option_given_twice_in_two_spellings_in_a_config_is_refused(
     assert "length_granularity" in err and "twice" in err
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_a_config_number_with_a_leading_zero_is_read_as_written_or_refused(
     tiny_tokenizer, tmp_path, capsys
 ):
