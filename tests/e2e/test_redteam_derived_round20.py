@@ -1,0 +1,82 @@
+"""Red team round 20, hostile input (everything but the Parquet readers): reproducers of the holes
+found past the round-1..19 fixes. Each asserts the promised behaviour (bounded resources for any
+input: a record stays within docs/BOUNDS.md's ceilings, here a render's 1 GiB of process growth)
+and fails today (2026-11-28)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import KVTRACE, SALT, peak_rss_mb, shared_path, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+# A template that prints the tokenizer's eos_token after each assistant turn as an output of its
+# own (not concatenated to the content): each such `{{ }}` yields the same string object.
+EOS_PRINTED_PER_TURN = (
+    "{{ bos_token }}{% for message in messages %}{{ message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def _tokenizer(tmp_path: Path, template: str) -> Path:
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    qwen3 = shared_path("tokenizers", "qwen3")
+    shutil.copy(qwen3 / "tokenizer.json", folder / "tokenizer.json")
+    config = json.loads((qwen3 / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 20")
+def test_a_render_of_one_string_printed_per_turn_stays_within_the_render_budget(tmp_path):
+    """Bounded memory. bounded_sandbox.BoundedEnvironment.concat joins a render's pieces and
+    only then checks the output's length (its docstring: "joining them at most doubles" what
+    the pieces hold). But pieces may all be one object: a request's own chat_template_kwargs
+    eos_token of 1 MB, printed after each of 2,000 empty assistant turns, is 2,000 references
+    (16 KB) for the watchdog, and one C call the watchdog cannot stop joins them into 2 GB.
+    A 1 MB record (bound 2 MiB) peaks at ~2.1 GB (2,500 turns: 2.6 GB; with the default
+    16 MiB bound any product up to the machine's memory is allocated and touched, so a
+    handful of such records OOM-kills the workers; past it, malloc fails: a MemoryError
+    letter). BOUNDS.md's ceiling for a render is 1 GiB of process growth (render_budget),
+    and ~150 x the record for the encode stage. Promised: the record is a dead letter within
+    that budget; asserted on the process's peak RSS."""
+    turns = [{"role": "assistant", "content": ""}] * 2_000
+    record = {
+        "timestamp": 0,
+        "messages": [{"role": "user", "content": "q"}, *turns, {"role": "user", "content": "x"}],
+        "output_length": 1,
+        "chat_template_kwargs": {"eos_token": "x" * 1_000_000},
+    }
+    clean = {"timestamp": 1, "messages": [{"role": "user", "content": "hi"}], "output_length": 1}
+    source = write_jsonl(tmp_path / "in.jsonl", [record, clean])
+    (tmp_path / "salt").write_text(SALT)
+    code, peak, stderr = peak_rss_mb(
+        [
+            *KVTRACE,
+            "anonymize",
+            "--input",
+            str(source),
+            "--tokenizer",
+            str(_tokenizer(tmp_path, EOS_PRINTED_PER_TURN)),
+            "--block-size",
+            "16",
+            "--salt-file",
+            str(tmp_path / "salt"),
+            "--max-record-bytes",
+            "2097152",
+            "--processes",
+            "1",
+            "--output",
+            str(tmp_path / "out"),
+        ]
+    )
+    # exit 1 is right: the record is all but the night's bytes (the gate refuses it)
+    assert code in (0, 1) and "Traceback" not in stderr, stderr[-2000:]
+    assert peak < 1024 + 300, peak
