@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,45 @@ def test_a_render_of_one_string_printed_per_turn_stays_within_the_render_budget(
     # exit 1 is right: the record is all but the night's bytes (the gate refuses it)
     assert code in (0, 1) and "Traceback" not in stderr, stderr[-2000:]
     assert peak < 1024 + 300, peak
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 20")
+def test_a_config_key_given_twice_through_two_merge_keys_is_refused(tmp_path):
+    """YAML configs refuse a key given twice. config._BoundedLoader.construct_mapping skips the
+    merge key (<<) when it looks for keys given twice, so a mapping may hold `<<` twice, and a
+    key both merges give (`block-size` 16, then 64) silently takes the last one's value: the
+    night runs at block size 64, with no word. (PyYAML keeps every `<<` of a mapping; YAML
+    1.1's merge takes one, whose keys a mapping's own override, as the loader allows.)
+    Promised: a one-line usage error naming the key, exit 2, nothing published."""
+    config = tmp_path / "night.yaml"
+    config.write_text("<<: {block-size: 16}\n<<: {block-size: 64}\n")
+    source = write_jsonl(
+        tmp_path / "in.jsonl",
+        [{"timestamp": 0, "messages": [{"role": "user", "content": "hi"}], "output_length": 1}],
+    )
+    (tmp_path / "salt").write_text(SALT)
+    done = subprocess.run(
+        [
+            *KVTRACE,
+            "anonymize",
+            "--config",
+            str(config),
+            "--input",
+            str(source),
+            "--tokenizer",
+            str(shared_path("tokenizers", "qwen3")),
+            "--salt-file",
+            str(tmp_path / "salt"),
+            "--processes",
+            "1",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, (done.returncode, done.stderr[-1000:])
+    assert "twice" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
