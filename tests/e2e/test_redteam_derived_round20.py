@@ -83,6 +83,67 @@ def test_a_render_of_one_string_printed_per_turn_stays_within_the_render_budget(
     assert peak < 1024 + 300, peak
 
 
+# Round 19's template: the tokenizer's eos_token after every assistant turn (Llama-2/Mistral).
+EOS_PER_TURN = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 20")
+def test_a_small_record_cannot_render_to_the_whole_bound_of_three_byte_characters(tmp_path):
+    """Bounded memory. Round 19's fix (tokenize.check_rendered) holds a rendered prompt to
+    4 x --max-record-bytes + 64 Ki characters: the bound's, not the record's, and counted in
+    characters, where the tokenizer's cost goes by bytes (byte-level BPE: a private-use
+    character is 3 tokens). A 52 KB record (bound 512 KiB) whose own eos_token is 4,200 such
+    characters, written after each of 500 turns, renders to 2.1 M characters, under the check,
+    and is published as one row of 6.27 M input tokens at a 1.36 GB peak, where BOUNDS.md's
+    encode ceiling is ~150 x the record (0.49 GB for a record of 2 MiB); with the default 16 MiB
+    bound a 1.7 MB record renders to 64 M characters (~200 M tokens). Promised: the record is a
+    too_large dead letter or costs what BOUNDS.md states; asserted on the peak RSS."""
+    messages = []
+    for i in range(500):
+        messages += [
+            {"role": "user", "content": f"q{i}"},
+            {"role": "assistant", "content": f"a{i}"},
+        ]
+    messages.append({"role": "user", "content": "last"})
+    eos = "".join(chr(0xE000 + (i * 7919) % 4000) for i in range(4_200))
+    record = {
+        "timestamp": 0,
+        "messages": messages,
+        "output_length": 1,
+        "chat_template_kwargs": {"eos_token": eos},
+    }
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert source.stat().st_size < 60_000
+    (tmp_path / "salt").write_text(SALT)
+    code, peak, stderr = peak_rss_mb(
+        [
+            *KVTRACE,
+            "anonymize",
+            "--input",
+            str(source),
+            "--tokenizer",
+            str(_tokenizer(tmp_path, EOS_PER_TURN)),
+            "--block-size",
+            "16",
+            "--salt-file",
+            str(tmp_path / "salt"),
+            "--max-record-bytes",
+            "524288",
+            "--processes",
+            "1",
+            "--output",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert code in (0, 1) and "Traceback" not in stderr, stderr[-2000:]
+    assert peak < 450, peak
+
+
 @pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_a_config_key_given_twice_through_two_merge_keys_is_refused(tmp_path):
     """YAML configs refuse a key given twice. config._BoundedLoader.construct_mapping skips the
