@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import KVTRACE, SALT, peak_rss_mb, shared_path, write_jsonl
+from helpers import KVTRACE, ROOT, SALT, peak_rss_mb, shared_path, under_rlimit, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -142,6 +142,60 @@ def test_a_small_record_cannot_render_to_the_whole_bound_of_three_byte_character
     )
     assert code in (0, 1) and "Traceback" not in stderr, stderr[-2000:]
     assert peak < 450, peak
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 20")
+def test_a_records_system_messages_cost_no_cpu_past_the_records_size(tmp_path):
+    """Bounded CPU. After a chat is rendered, encode_requests.unrendered looks for each system
+    or developer message's content in the whole prompt (`m["content"] not in prompt`): one scan
+    of the prompt per such message, outside the render's budget, so the cost is messages x
+    prompt, which a record chooses. 20,000 short system messages after a 1 MB user message
+    (Qwen3's own template renders them after it; a 1.9 MB record, bound 2 MiB) take 27 s of
+    CPU where the same record with user roles takes 1.5 s; at the default 16 MiB bound 43,000
+    of them (the 128 Ki item bound) behind 8 MB of text take about an hour, one record.
+    Promised: bounded CPU for any input (a record's cost follows its size); asserted under
+    RLIMIT_CPU, which kills a process that goes past it (the run then fails, exit 1)."""
+    filler = "s1 " * 350_000  # text of the system contents' own form: each scan reads it all
+    messages = [
+        {"role": "user", "content": filler},
+        *({"role": "system", "content": f"s{i}x"} for i in range(20_000)),
+        {"role": "user", "content": "go"},
+    ]
+    source = write_jsonl(
+        tmp_path / "in.jsonl", [{"timestamp": 0, "messages": messages, "output_length": 1}]
+    )
+    (tmp_path / "salt").write_text(SALT)
+    command = [
+        *KVTRACE,
+        "anonymize",
+        "--input",
+        str(source),
+        "--tokenizer",
+        str(shared_path("tokenizers", "qwen3")),
+        "--block-size",
+        "16",
+        "--salt-file",
+        str(tmp_path / "salt"),
+        "--max-record-bytes",
+        "2097152",
+        "--max-rejected-fraction",
+        "1",
+        "--processes",
+        "1",
+        "--output",
+        str(tmp_path / "out"),
+    ]
+    done = subprocess.run(
+        under_rlimit(command, "RLIMIT_CPU", 10),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+    )
+    # exported or a dead letter, either way a run that ends (every rejected byte allowed)
+    assert done.returncode == 0, (done.returncode, done.stderr[-1500:])
 
 
 @pytest.mark.xfail(strict=True, reason="red team round 20")
