@@ -71,7 +71,9 @@ def test_a_beam_night_killed_in_an_sdk_worker_ends_with_an_error(tiny_tokenizer,
     in multi_processing mode (here right after it committed the night's id-map version): the
     CLI waits for good, its map extended and its trace unpublished, until a scheduler's hard
     timeout kills it (which then says nothing at all). The same kill of the local engine's
-    worker or of the Beam child is an error within seconds."""
+    worker or of the Beam child is an error within seconds. Any SDK worker's death hangs the
+    night (one killed 3 s after it starts, before any commit, too); that the error then names
+    the commit is the next test's."""
     id_map = tmp_path / "map"
     site = _AFTER_THE_COMMIT.format(end="os.kill(os.getpid(), signal.SIGKILL)")
     try:
@@ -79,8 +81,7 @@ def test_a_beam_night_killed_in_an_sdk_worker_ends_with_an_error(tiny_tokenizer,
     except subprocess.TimeoutExpired:
         pytest.fail("the night hung after its SDK worker was killed")
     assert failed.returncode == 1, failed.stderr[-2000:]
-    said = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
-    assert said and f"version 1 of the id map {id_map}" in said[-1], said
+    assert [line for line in failed.stderr.splitlines() if line.startswith("error:")]
 
 
 @pytest.mark.beam
