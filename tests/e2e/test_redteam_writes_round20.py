@@ -1,0 +1,122 @@
+"""Red team round 20, writes, stops and crashes: reproducers of holes left after the nineteenth
+round's fixes. Each asserts the promised behaviour, so each fails until it is fixed.
+
+With --direct_running_mode multi_processing the Beam engine's child has Beam start SDK worker
+processes (pipelines/sdk_worker.py), fresh interpreters that run the pipeline's steps, the id
+map's commit (CommitIdMap) and its folders (BlockIds/WriteSegment) among them. A fault is
+injected there as the system gives it: a sitecustomize that only those workers act on (the
+CLI names itself in the environment they inherit) wraps one of kvtrace's own steps, so nothing
+depends on timing."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, kvtrace_child, night_args
+
+pytestmark = pytest.mark.slow
+
+_MULTI_PROCESSING = ("--direct_running_mode", "multi_processing", "--direct_num_workers", "2")
+_NAME_THE_CLI = "import os\nos.environ['ROUND20_CLI'] = str(os.getpid())"
+
+# In an SDK worker: the night's id-map version committed (anonymize_night.commit_id_map), then
+# the worker ends as given.
+_AFTER_THE_COMMIT = """
+import errno, os, signal
+if os.environ.get("ROUND20_CLI"):
+    from kvtrace.pipelines import anonymize_night
+    _commit = anonymize_night.commit_id_map
+    def _commit_then_end(*args, **kwargs):
+        _commit(*args, **kwargs)
+        {end}
+    anonymize_night.commit_id_map = _commit_then_end
+"""
+
+# In an SDK worker: the disk fails (EIO) as it opens the night's first id-map segment file,
+# after it made the new map's folders, before any commit.
+_EIO_AS_A_WORKER_WRITES_A_SEGMENT = """
+import errno, os
+if os.environ.get("ROUND20_CLI"):
+    _open = os.open
+    def _fail(path, *args, **kwargs):
+        if "/segments/" in str(path):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+        return _open(path, *args, **kwargs)
+    os.open = _fail
+"""
+
+
+def _beam_night_with_a_faulty_worker(
+    tmp_path: Path, tokenizer: str, id_map: Path, site: str, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """A Beam night in multi_processing mode on a new id map, its SDK workers running site."""
+    packages = tmp_path.parent / f"{tmp_path.name}-site"  # beside tmp_path: it stays as it was
+    packages.mkdir()
+    (packages / "sitecustomize.py").write_text(site)
+    night = night_args(tmp_path, tokenizer, tmp_path / "night" / "out", "--engine", "beam")
+    night += [*_MULTI_PROCESSING, "--id-map", str(id_map), "--id-map-marks", str(tmp_path / "m")]
+    return kvtrace_child(
+        *night, prelude=_NAME_THE_CLI, timeout=timeout, env={"PYTHONPATH": f"{packages}:{ROOT}"}
+    )
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 20")
+def test_a_beam_night_killed_in_an_sdk_worker_ends_with_an_error(tiny_tokenizer, tmp_path):
+    """A night never hangs: a worker's death is the run's one-line error (child_process: "its
+    death is this process's one-line error"). The OOM killer ends an SDK worker of a Beam night
+    in multi_processing mode (here right after it committed the night's id-map version): the
+    CLI waits for good, its map extended and its trace unpublished, until a scheduler's hard
+    timeout kills it (which then says nothing at all). The same kill of the local engine's
+    worker or of the Beam child is an error within seconds. Any SDK worker's death hangs the
+    night (one killed 3 s after it starts, before any commit, too); that the error then names
+    the commit is the next test's."""
+    id_map = tmp_path / "map"
+    site = _AFTER_THE_COMMIT.format(end="os.kill(os.getpid(), signal.SIGKILL)")
+    try:
+        failed = _beam_night_with_a_faulty_worker(tmp_path, tiny_tokenizer, id_map, site, 60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the night hung after its SDK worker was killed")
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    assert [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 20")
+def test_a_beam_night_failing_in_an_sdk_worker_after_its_commit_says_the_map_was_extended(
+    tiny_tokenizer, tmp_path
+):
+    """NIGHTLY.md / round 10: a failure after the map's commit names the version committed
+    (publish.published_here), never the line of a night that changed nothing. The Beam child
+    tells its parent of its commit (publish.intend, forward_publications), but in
+    multi_processing mode the commit runs in an SDK worker, which tells nobody: the night
+    fails after it with `error: the job failed: RuntimeError: Traceback (most recent call
+    last):` (exit 1), map at version 1, trace unpublished. An operator reads a failed night
+    that changed nothing and moves on to the next, leaving the map holding a night never
+    published."""
+    id_map = tmp_path / "map"
+    site = _AFTER_THE_COMMIT.format(end='raise OSError(errno.EIO, "Input/output error")')
+    failed = _beam_night_with_a_faulty_worker(tmp_path, tiny_tokenizer, id_map, site)
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    assert not (tmp_path / "night").exists()
+    assert (id_map / "versions" / "000001.json").is_file()  # the map kept the night
+    said = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert said and f"version 1 of the id map {id_map}" in said[-1], said
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 20")
+def test_a_beam_night_failing_in_an_sdk_worker_leaves_no_folder_it_made(tiny_tokenizer, tmp_path):
+    """storage.run_folders: "a run that publishes nothing leaves the operator's folders as they
+    were". Round 19's fix has the Beam child tell its parent each folder it makes
+    (storage.forward_folders), but only the child: in multi_processing mode an SDK worker
+    makes the new map's folders and tells nobody, so a night that fails there (EIO on a
+    segment) leaves the owner-only `maps/` behind, which the default in_memory mode removes."""
+    id_map = tmp_path / "maps" / "m"
+    site = _EIO_AS_A_WORKER_WRITES_A_SEGMENT
+    failed = _beam_night_with_a_faulty_worker(tmp_path, tiny_tokenizer, id_map, site)
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "salt"]
