@@ -90,7 +90,6 @@ EOS_PER_TURN = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_a_small_record_cannot_render_to_the_whole_bound_of_three_byte_characters(tmp_path):
     """Bounded memory. Round 19's fix (tokenize.check_rendered) holds a rendered prompt to
     4 x --max-record-bytes + 64 Ki characters: the bound's, not the record's, and counted in

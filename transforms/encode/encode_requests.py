@@ -291,7 +291,7 @@ class RequestEncoder:
                 request.timestamp_ms,
                 request.template_kwargs,
             )
-            return check_rendered(prompt, self._max_record_bytes)
+            return check_rendered(prompt, len(request.line), self._max_record_bytes)
         return request.prompt
 
 
