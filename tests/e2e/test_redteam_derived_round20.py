@@ -35,7 +35,6 @@ def _tokenizer(tmp_path: Path, template: str) -> Path:
     return folder
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_a_render_of_one_string_printed_per_turn_stays_within_the_render_budget(tmp_path):
     """Bounded memory. bounded_sandbox.BoundedEnvironment.concat joins a render's pieces and
     only then checks the output's length (its docstring: "joining them at most doubles" what
@@ -91,7 +90,6 @@ EOS_PER_TURN = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_a_small_record_cannot_render_to_the_whole_bound_of_three_byte_characters(tmp_path):
     """Bounded memory. Round 19's fix (tokenize.check_rendered) holds a rendered prompt to
     4 x --max-record-bytes + 64 Ki characters: the bound's, not the record's, and counted in
@@ -144,7 +142,6 @@ def test_a_small_record_cannot_render_to_the_whole_bound_of_three_byte_character
     assert peak < 450, peak
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_a_records_system_messages_cost_no_cpu_past_the_records_size(tmp_path):
     """Bounded CPU. After a chat is rendered, encode_requests.unrendered looks for each system
     or developer message's content in the whole prompt (`m["content"] not in prompt`): one scan

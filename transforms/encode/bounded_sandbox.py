@@ -6,7 +6,7 @@ single step is one C call it cannot interrupt (nor can Ctrl-C: it waits for the 
 value a step makes is sized by its type family: text (str, bytes, bytearray) by its length,
 integers by their bits, collections (lists, tuples, dicts, sets, a dict's views) by their
 items. Where the operands tell the result's size it is sized before the call: `'x' * n`, `+`,
-`~`, `join`, `replace`, `translate`, `expandtabs`, `wordwrap`, `indent`, escaping, widths in
+`~`, `join`, a render's or block's output (`concat`), `replace`, `translate`, `expandtabs`, `wordwrap`, `indent`, escaping, widths in
 `%` and `format`, every operator on two integers from their bit lengths (long multiplication
 and division are quadratic, in one C call), and a value printed as text by walking what it
 holds (`_text_length`), in one check every step that prints a value goes through
@@ -923,11 +923,18 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         raise error
 
     def concat(self, pieces: Iterable[str]) -> str:  # type: ignore[override]
-        """The rendered output joined (jinja's Environment.concat), its length bounded too: the
-        pieces are already held, so joining them at most doubles that."""
-        text = "".join(pieces)
-        _check_length(len(text), "the output")
-        return text
+        """What a template's output, a macro's, a call block's or a `{% set %}` block's pieces
+        join to (jinja's compiled code calls this for each), sized before it is built: pieces
+        may all be one string (`{{ eos_token }}` per turn), so what they hold does not bound
+        the join; their lengths are summed as they come, and past the bound none is joined."""
+        held: list[str] = []
+        total = 0
+        for piece in pieces:
+            total += len(piece)
+            if total > MAX_VALUE_LENGTH:
+                _check_length(total, "the output")
+            held.append(piece)
+        return "".join(held)
 
     @staticmethod
     def join_values(values: tuple[Any, ...]) -> str:

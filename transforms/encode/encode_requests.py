@@ -291,7 +291,7 @@ class RequestEncoder:
                 request.timestamp_ms,
                 request.template_kwargs,
             )
-            return check_rendered(prompt, self._max_record_bytes)
+            return check_rendered(prompt, len(request.line), self._max_record_bytes)
         return request.prompt
 
 
@@ -316,15 +316,36 @@ def unrendered(request: Request, prompt: str | None) -> Request:
     prompt then lacks what the log holds."""
     if prompt is None or request.kind != "chat":
         return request
-    dropped = any(
-        m["role"] in DROPPABLE_ROLES and m.get("content") and m["content"] not in prompt
-        for m in request.messages
+    dropped = not _all_printed(
+        [
+            m["content"]
+            for m in request.messages
+            if m["role"] in DROPPABLE_ROLES and m.get("content")
+        ],
+        prompt,
     )
     return (
         replace(request, defaulted=(*request.defaulted, MESSAGE_NOT_RENDERED))
         if dropped
         else request
     )
+
+
+def _all_printed(contents: list[str], prompt: str) -> bool:
+    """Whether each of contents is in prompt (anywhere: the meaning of `content in prompt`),
+    with the prompt scanned about once in all, not once per content: templates print messages
+    in their order, so each is looked for after the previous one's match first (the previous
+    content's own print ends before this one's begins, so an in-order print is always found
+    so), and in the whole prompt only where that fails: a content the template printed out of
+    order (one full scan each) or left out (one full scan, and the answer is known)."""
+    at = 0
+    for content in contents:
+        found = prompt.find(content, at)
+        if found >= 0:
+            at = found + len(content)
+        elif content not in prompt:
+            return False
+    return True
 
 
 EncodedBatch = tuple[HashedBatch | None, list[DeadLetter]]  # a batch hashed, and its dead letters

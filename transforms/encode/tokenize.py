@@ -307,25 +307,42 @@ def handed_items(values: tuple[Any, ...], limit: int) -> int:
     return count
 
 
-# A rendered prompt is held to RENDERED_PER_RECORD_BYTE characters a byte of --max-record-bytes,
-# plus RENDER_OVERHEAD_CHARS, before it is tokenized (an encode costs ~150 x its text,
-# BOUNDS.md): a template amplifies what it repeats (a request's own variable per turn, an
-# indented tojson of a nested object), and no real record comes near. The shipped templates
-# render a record at the bound of the tiniest messages, tools or tool calls to at most 1.1 x
-# its bytes (Qwen3's tools; DeepSeek-R1 0.94 x); the slack is a template's fixed text (a tool
-# preamble) at a small bound.
+# A rendered prompt is held to RENDERED_PER_RECORD_BYTE UTF-8 bytes a byte of its own record
+# (never past those of a record at --max-record-bytes), plus RENDER_OVERHEAD_BYTES, before it
+# is tokenized (an encode costs ~150 x its text, BOUNDS.md, and a byte-level tokenizer's cost
+# goes by bytes: a 3-byte character is ~3 tokens): a template amplifies what it repeats (a
+# request's own variable per turn, an indented tojson of a nested object), and no real record
+# comes near. The shipped templates render a record at the bound of the tiniest messages,
+# tools or tool calls to at most 1.1 x its bytes (Qwen3's tools; DeepSeek-R1 0.94 x); the
+# slack is a template's fixed text (a tool preamble) for a small record.
 RENDERED_PER_RECORD_BYTE = 4
-RENDER_OVERHEAD_CHARS = 1 << 16
+RENDER_OVERHEAD_BYTES = 1 << 16
+# What one step encodes to count a prompt's bytes: the count's memory, whatever the prompt.
+_COUNTED_CHARS = 1 << 20
 
 
-def check_rendered(prompt: str, max_record_bytes: int) -> str:
-    """The prompt, or a too_large Rejected for one longer than a record at the bound renders to."""
-    bound = RENDERED_PER_RECORD_BYTE * max_record_bytes + RENDER_OVERHEAD_CHARS
-    if len(prompt) > bound:
+def rendered_limit(record_bytes: int, max_record_bytes: int) -> int:
+    """The most UTF-8 bytes a record of record_bytes may render to."""
+    return RENDERED_PER_RECORD_BYTE * min(record_bytes, max_record_bytes) + RENDER_OVERHEAD_BYTES
+
+
+def check_rendered(prompt: str, record_bytes: int, max_record_bytes: int) -> str:
+    """The prompt, or a too_large Rejected for one whose UTF-8 bytes pass rendered_limit.
+    Its characters bound its bytes from below and 4 x them from above, so it is encoded (a
+    slice at a time) only where the two straddle the limit."""
+    limit = rendered_limit(record_bytes, max_record_bytes)
+    size = len(prompt)
+    if size <= limit < 4 * size:
+        size = 0
+        for at in range(0, len(prompt), _COUNTED_CHARS):
+            size += len(prompt[at : at + _COUNTED_CHARS].encode("utf-8", "surrogatepass"))
+            if size > limit:
+                break
+    if size > limit:
         raise Rejected(
             "too_large",
-            f"the chat template renders it to {len(prompt)} characters, over the {bound} "
-            f"a record within --max-record-bytes {max_record_bytes} renders to",
+            f"the chat template renders it to over {limit} bytes, the most a record of "
+            f"{record_bytes} bytes renders to (--max-record-bytes {max_record_bytes})",
         )
     return prompt
 

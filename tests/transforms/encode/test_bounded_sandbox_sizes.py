@@ -224,3 +224,32 @@ def test_no_operator_result_past_the_bound_reaches_a_template(name, left, right)
         except (ValueTooLarge, TypeError, ValueError, ZeroDivisionError, OverflowError):
             return
     assert _within(result)
+
+
+def test_pieces_are_sized_as_they_come_and_never_joined_past_the_bound(small_bound):
+    """Pieces may all be one string (round 20): their sum is checked before the join, so
+    no piece past the bound is even taken."""
+
+    def pieces():
+        yield "x" * 40
+        yield "x" * 40
+        raise AssertionError("a piece taken past the bound")
+
+    with pytest.raises(ValueTooLarge):
+        BoundedSandbox().concat(pieces())
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{% for i in range(3) %}{{ s }}{% endfor %}",  # the output
+        "{% macro m() %}{% for i in range(3) %}{{ s }}{% endfor %}{% endmacro %}{{ m()|length }}",
+        "{% set b %}{% for i in range(3) %}{{ s }}{% endfor %}{% endset %}{{ b|length }}",
+        "{% macro m() %}{{ caller() }}{% endmacro %}"
+        "{% call m() %}{% for i in range(3) %}{{ s }}{% endfor %}{% endcall %}",
+    ],
+)
+def test_one_string_printed_many_times_is_refused_in_every_buffer(small_bound, source):
+    assert _render(source.replace("range(3)", "range(1)"), s="x" * 40)
+    with pytest.raises(ValueTooLarge):
+        _render(source, s="x" * 40)

@@ -77,3 +77,17 @@ def test_rows_alike_but_for_their_answers_sort_as_their_ids_are_numbered(answers
     )
     firsts = seen[np.sort(np.unique(seen, return_index=True)[1])]
     assert firsts.tolist() == list(range(len(firsts)))
+
+
+@given(st.lists(st.text("ab", max_size=3), max_size=6), st.text("ab", max_size=12))
+def test_unrendered_is_each_contents_presence_anywhere_in_any_order(contents, prompt):
+    """unrendered searches forward from the previous message's match first (round 20: the
+    prompt scanned about once); its answer stays `content in prompt` for each, in any order."""
+    from kvtrace.transforms.encode.encode_requests import MESSAGE_NOT_RENDERED, unrendered
+
+    messages = [{"role": "system", "content": c} for c in contents]
+    request = Request(
+        "log", b"", 1_000, "chat", messages=[*messages, {"role": "user", "content": "q"}]
+    )
+    marked = MESSAGE_NOT_RENDERED in unrendered(request, prompt).defaulted
+    assert marked == any(c and c not in prompt for c in contents)

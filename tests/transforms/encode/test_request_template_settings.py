@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kvtrace.transforms.encode import tokenize
 from kvtrace.transforms.encode.encode_requests import EncodeOptions, RequestEncoder
 from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.tokenize import load_tokenizer
+from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.records import Request
 
 # Prints what the engine's template reads of each setting.
@@ -91,16 +94,17 @@ def test_a_render_past_the_record_bound_is_too_large_before_it_is_tokenized(tiny
     options = EncodeOptions("t", SaltSource("random"), 4, max_record_bytes=bound)
     encoder = RequestEncoder(tokenizer, b"s" * 16, options)
     turns = [{"role": "user", "content": "q"}] * 100
-    limit = tokenize.RENDERED_PER_RECORD_BYTE * bound + tokenize.RENDER_OVERHEAD_CHARS
+    line = b"r" * bound  # a record at the bound
+    limit = tokenize.rendered_limit(len(line), bound)
     eos = "w" * (limit // len(turns) - 1)  # the longest that renders within the bound
     requests = [
-        Request("t", b"", 0, "chat", messages=turns, template_kwargs=own)
+        Request("t", line, 0, "chat", messages=turns, template_kwargs=own)
         for own in (None, {"eos_token": eos}, {"eos_token": eos + "w"})
     ]
     rendered, rejected = encoder.render(requests)
     assert [prompt for _, prompt in rendered] == ["q</s>" * 100, ("q" + eos) * 100]
     assert [letter.reason for letter in rejected] == ["too_large"]
-    assert f"over the {limit}" in rejected[0].message
+    assert f"over {limit} bytes" in rejected[0].message
 
 
 def test_a_record_of_tiny_items_at_the_bound_renders_within_it(qwen3_tokenizer, deepseek_tokenizer):
@@ -117,4 +121,20 @@ def test_a_record_of_tiny_items_at_the_bound_renders_within_it(qwen3_tokenizer, 
         ):
             prompt = tokenize.render_chat(tokenizer, messages, tools, {})
             assert 0 < len(prompt) <= tokenize.RENDERED_PER_RECORD_BYTE * bound
-            assert tokenize.check_rendered(prompt, bound) == prompt
+            assert tokenize.check_rendered(prompt, bound, bound) == prompt
+
+
+def test_a_render_is_held_to_its_own_records_bytes_in_utf8():
+    """Round 20: the limit is the record's own (4 x its bytes + the overhead), not the bound's,
+    and counted in UTF-8 bytes, what a byte-level tokenizer pays for: 3-byte characters count
+    3 times."""
+    bound = 1 << 20
+    limit = tokenize.rendered_limit(100, bound)
+    assert limit == tokenize.rendered_limit(100, 100) < tokenize.rendered_limit(bound, bound)
+    fits = "\ue000" * (limit // 3)
+    assert tokenize.check_rendered(fits, 100, bound) == fits
+    assert tokenize.check_rendered("w" * limit, 100, bound) == "w" * limit
+    for over in (fits + "\ue000", "w" * (limit + 1), "\U0001f600" * (limit // 4 + 1)):
+        with pytest.raises(Rejected) as refused:
+            tokenize.check_rendered(over, 100, bound)
+        assert refused.value.reason == "too_large"
