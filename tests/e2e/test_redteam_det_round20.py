@@ -14,7 +14,6 @@ pytestmark = pytest.mark.slow
 DAY0 = 1_763_703_600_000
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_messages_whose_always_null_field_parquet_types_as_null_publish_as_their_jsonl(
     tiny_tokenizer, tmp_path: Path
 ):

@@ -2198,8 +2198,18 @@ def without_views(schema: pa.Schema) -> pa.Schema:
     through the worker's packages: a timestamp, whatever its unit and zone, as UTC microseconds
     (an Arrow timestamp holds a UTC instant; its zone is a display label the worker's zone
     database may lack, and "+00:00" is looked up in none); nanoseconds floored to microseconds
-    (cast with safe=False), which without pandas Arrow refuses to convert at all."""
-    return pa.schema([field.with_type(_plain_type(field.type)) for field in schema])
+    (cast with safe=False), which without pandas Arrow refuses to convert at all. A field of
+    Arrow's `null` type (what pyarrow writes of a field null in every row: `"name": null` on
+    every message) is left out, as a column or a struct's field at any depth: it holds only
+    nulls, which records.without_nulls drops anyway, and Arrow may read it shorter than its
+    struct (a list of structs), which fails any cast that keeps it."""
+    return pa.schema([field.with_type(_plain_type(field.type)) for field in valued(schema)])
+
+
+def valued(fields: Iterable[pa.Field]) -> list[pa.Field]:
+    """The fields that can hold a value: every one but those of Arrow's `null` type once read
+    as without_views reads them (a dictionary or extension type of nulls too)."""
+    return [field for field in fields if not pa.types.is_null(_plain_type(field.type))]
 
 
 def _plain_type(kind: pa.DataType) -> pa.DataType:
@@ -2217,7 +2227,10 @@ def _plain_type(kind: pa.DataType) -> pa.DataType:
         return _plain_type(kind.value_type)
     if isinstance(kind, pa.BaseExtensionType):  # what it stores: the same wherever it is read
         return _plain_type(kind.storage_type)
-    fields = [field.with_type(_plain_type(field.type)) for field in child_fields(kind)]
+    children = valued(child_fields(kind)) if pa.types.is_struct(kind) else child_fields(kind)
+    fields = [field.with_type(_plain_type(field.type)) for field in children]
+    if pa.types.is_struct(kind):
+        return pa.struct(fields)  # with_children would keep a struct whose fields all went
     if pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind):
         return pa.large_list(fields[0])
     return with_children(kind, fields)

@@ -50,6 +50,7 @@ from kvtrace.transforms.read.paths import (
     sized_rows,
     stored_position,
     stored_share,
+    valued,
     with_children,
     without_views,
 )
@@ -551,14 +552,21 @@ def _as_python(rows: pa.RecordBatch, dense: pa.Schema) -> list[dict]:
     timestamp[ms] or [s] scaled up to microseconds past what int64 holds raises, failing its
     row, where an unchecked cast would wrap it into a believable time), then nanoseconds
     floored to microseconds (safe=False lets the cast drop digits; dividing cannot overflow).
-    Maps become dicts (a key twice fails), every value the JSON value of its text."""
+    Maps become dicts (a key twice fails), every value the JSON value of its text. A null-typed
+    column or struct field (paths.valued) is never cast: dense leaves it out, and so does kept."""
+    read_fields = valued(rows.schema)
     kept = pa.schema(
         [
             field.with_type(_ns_kept(field.type, read.type))
-            for field, read in zip(dense, rows.schema)
+            for field, read in zip(dense, read_fields, strict=True)
         ]
     )
-    values = rows.cast(kept).cast(dense, safe=False).to_pylist(maps_as_pydicts="strict")
+    values = (
+        rows.select([field.name for field in read_fields])
+        .cast(kept)
+        .cast(dense, safe=False)
+        .to_pylist(maps_as_pydicts="strict")
+    )
     read = row_reader(dense)
     return values if read is None else [read(row) for row in values]
 
@@ -566,7 +574,8 @@ def _as_python(rows: pa.RecordBatch, dense: pa.Schema) -> list[dict]:
 def _ns_kept(kind: pa.DataType, read: pa.DataType) -> pa.DataType:
     """A type of without_views' (kind) with the nanoseconds of the type it was made from (read)
     wherever it has microseconds in their place: a timestamp, duration or time, in any
-    container, through paths' one walk of them; everything else as kind has it."""
+    container, through paths' one walk of them (a struct's null-typed fields, which kind leaves
+    out, skipped: paths.valued); everything else as kind has it."""
     if getattr(read, "unit", None) == "ns" and getattr(kind, "unit", None) == "us":
         if pa.types.is_timestamp(kind):
             return pa.timestamp("ns", kind.tz)
@@ -579,7 +588,11 @@ def _ns_kept(kind: pa.DataType, read: pa.DataType) -> pa.DataType:
         kind,
         [
             field.with_type(_ns_kept(field.type, of.type))
-            for field, of in zip(child_fields(kind), child_fields(read))
+            for field, of in zip(
+                child_fields(kind),
+                valued(child_fields(read)) if pa.types.is_struct(read) else child_fields(read),
+                strict=True,
+            )
         ],
     )
 

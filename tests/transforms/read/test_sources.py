@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from helpers import records_of
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, WHOLE_ROW, DeadLetter
 from kvtrace.transforms.read.paths import Oversized, read_lines
-from kvtrace.transforms.read.records import ParseOptions, row_weight
+from kvtrace.transforms.read.records import ParseOptions, row_weight, without_nulls
 from kvtrace.transforms.read.sources import BOM, FileRange, file_ranges, unread_bytes
 from kvtrace.transforms.read.timestamps import timestamp_ms
 
@@ -300,6 +300,41 @@ def test_parquet_view_columns_read_as_their_plain_twins(tmp_path):
     assert [row for _, row in read] == [
         {"timestamp": i, "prompt": "hello", "tags": ["a"]} for i in range(4)
     ]
+
+
+def test_fields_null_in_every_row_read_as_their_jsonl_twin_at_any_depth(tmp_path):
+    """pyarrow types a field null in every row as Arrow `null` and reads it shorter than its
+    struct in a list of structs whose rows differ in length, which fails any cast keeping it:
+    such a field, a column or a struct's at any depth (in a list, a map's values, a struct
+    all of whose fields are null), is never cast, and each row reads as its JSONL twin."""
+    path = tmp_path / "nulls.parquet"
+    entry = pa.struct([("q", pa.null()), ("r", pa.int64())])
+    records = [
+        {
+            "timestamp": i,
+            "refusal": None,
+            "meta": {"x": None},
+            "messages": [
+                {
+                    "role": "user",
+                    "name": None,
+                    "extra": {"tool_calls": None, "parts": [{"id": None, "n": i}] * (i % 3)},
+                }
+            ]
+            * (1 + i % 2),
+            "tags": {"a": [{"q": None, "r": 1}] * (i % 3)},
+        }
+        for i in range(6)
+    ]
+    table = pa.Table.from_pylist([{k: v for k, v in r.items() if k != "tags"} for r in records])
+    assert pa.types.is_null(table.schema.field("messages").type.value_type.field("name").type)
+    tags = pa.array(
+        [list(r["tags"].items()) for r in records], pa.map_(pa.string(), pa.list_(entry))
+    )
+    pq.write_table(table.append_column("tags", tags), path)  # a map's type is never inferred
+    read = list(records_of(FileRange(str(path), 0, None), 1 << 20))
+    assert [row for _, row in read] == [without_nulls(record) for record in records]
+    assert read[1][1]["messages"][0] == {"role": "user", "extra": {"parts": [{"n": 1}]}}
 
 
 def test_nanosecond_columns_read_floored_to_microseconds_with_or_without_pandas(tmp_path):
