@@ -106,6 +106,7 @@ class _BoundedLoader(yaml.SafeLoader):
         # A key given twice would silently take its last value, where JSON documents refuse it:
         # checked on the mapping's own keys, before merge keys (<<) bring in ones it overrides.
         if isinstance(node, yaml.MappingNode):
+            _check_merges(node)
             lines: dict[Any, int] = {}
             for key_node, _ in node.value:
                 if key_node.tag == MERGE_TAG:
@@ -124,6 +125,30 @@ class _BoundedLoader(yaml.SafeLoader):
     def construct_document(self, node: Any) -> Any:
         _check_numbers(node)  # every scalar, tagged implicitly or explicitly, before any is built
         return super().construct_document(node)
+
+
+def _check_merges(node: yaml.MappingNode) -> None:
+    """One merge key (<<) a mapping, whose merged mappings give each key once: a second `<<`, or
+    a key two merged mappings both give, would silently take one value over the other (a
+    mapping's own keys still override what it merges, as YAML's merge means)."""
+    merges = [value for key, value in node.value if key.tag == MERGE_TAG]
+    if len(merges) > 1:
+        raise yaml.YAMLError(f"merge key << given twice (line {node.start_mark.line + 1})")
+    merged = [
+        item
+        for value in merges
+        for item in (value.value if isinstance(value, yaml.SequenceNode) else [value])
+        if isinstance(item, yaml.MappingNode)
+    ]
+    given: set[str] = set()
+    for mapping in merged:
+        names = {key.value for key, _ in mapping.value if isinstance(key, yaml.ScalarNode)}
+        if twice := sorted(names & given):
+            raise yaml.YAMLError(
+                f"key {twice[0][:64]!r} given twice by the mappings << merges "
+                f"(line {node.start_mark.line + 1})"
+            )
+        given |= names
 
 
 def _check_numbers(root: yaml.Node) -> None:

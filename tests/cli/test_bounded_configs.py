@@ -165,3 +165,16 @@ def test_the_shipped_model_presets_are_within_bounds():
 
     for name in models():
         assert load_model(name)["name"] == name
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["<<: {block-size: 16}\n<<: {block-size: 64}\n", "<<: [{block-size: 16}, {block-size: 64}]\n"],
+    ids=["two-merge-keys", "two-merged-mappings"],
+)
+def test_a_key_two_merges_give_is_refused(tmp_path, text):
+    """A key given twice by merges is given twice: one line, whichever way it is merged."""
+    config = tmp_path / "night.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match="given twice"):
+        load_bounded_yaml(str(config), "--config")

@@ -195,7 +195,6 @@ def test_a_records_system_messages_cost_no_cpu_past_the_records_size(tmp_path):
     assert done.returncode == 0, (done.returncode, done.stderr[-1500:])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_a_config_key_given_twice_through_two_merge_keys_is_refused(tmp_path):
     """YAML configs refuse a key given twice. config._BoundedLoader.construct_mapping skips the
     merge key (<<) when it looks for keys given twice, so a mapping may hold `<<` twice, and a
