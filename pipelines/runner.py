@@ -78,6 +78,21 @@ def is_remote(options: PipelineOptions) -> bool:
     return options.view_as(StandardOptions).runner not in LOCAL_RUNNERS
 
 
+def refuse_unsupervised_workers(options: PipelineOptions) -> None:
+    """Refuse a local run whose steps would run in SDK worker processes Beam starts itself
+    (--direct_running_mode multi_processing): the Beam child that reports to the CLI never
+    hears what those workers commit or make, nor their deaths (one killed leaves the run waiting
+    for good), so a night there could neither say its commit nor end."""
+    if is_remote(options):
+        return
+    if options.view_as(DirectOptions).direct_running_mode == "multi_processing":
+        raise ConfigError(
+            "--direct_running_mode multi_processing is refused: its SDK worker processes "
+            "report to no one (a worker's death would hang the run); use "
+            "--direct_running_mode multi_threading, or --engine local --processes N"
+        )
+
+
 def run_for_report(
     build: Callable[[beam.Pipeline], beam.PCollection],
     flags: Sequence[str],
