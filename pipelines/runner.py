@@ -11,12 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import shlex
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -39,19 +36,6 @@ _LOG = logging.getLogger("kvtrace")
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
 # A job server or worker pool that is up accepts a connection at once; Beam would wait minutes.
 ENDPOINT_CONNECT_S = 5
-
-
-def sdk_worker_command() -> str:
-    """The SDK worker process Beam starts for --direct_running_mode multi_processing (from this
-    process): it ends with this one however it ends (sdk_worker.py), and is deaf to Ctrl-C (an
-    ignored signal stays ignored through exec, and Python keeps it so): the terminal sends
-    Ctrl-C to the whole process group, and the launcher, not each worker, acts on it, ending
-    them."""
-    python = shlex.quote(sys.executable)
-    return (
-        f"trap '' INT; exec {python} -m kvtrace.pipelines.sdk_worker {os.getpid()} "
-        f"apache_beam.runners.worker.sdk_worker_main"
-    )
 
 
 class FlinkCheckpointOptions(PipelineOptions):
@@ -131,22 +115,13 @@ def runner_for(options: PipelineOptions) -> Any:
     if not is_remote(options):
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-        direct = options.view_as(DirectOptions)
-        if direct.direct_running_mode != "multi_processing":
-            return FnApiRunner()
-        from apache_beam.transforms.environments import SubprocessSDKEnvironment
-
-        # The same worker processes, with our command: in its own mode FnApiRunner would
-        # replace the environment with one of its own.
-        direct.direct_running_mode = "in_memory"
-        return FnApiRunner(
-            default_environment=SubprocessSDKEnvironment.from_command_string(sdk_worker_command())
-        )
+        return FnApiRunner()
     return None
 
 
 def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     """Build the pipeline with build(pipeline), run it to completion, return build's outputs."""
+    refuse_unsupervised_workers(options)  # the CLI refused it already: any other caller here
     check_endpoints(options)
     pipeline = beam.Pipeline(runner=runner_for(options), options=options)
     # Beam's own temporary folder, which it removes only once run() has started: in the run's

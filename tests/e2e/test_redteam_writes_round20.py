@@ -1,8 +1,8 @@
 """Red team round 20, writes, stops and crashes: reproducers of holes left after the nineteenth
 round's fixes. Each asserts the promised behaviour, so each fails until it is fixed.
 
-With --direct_running_mode multi_processing the Beam engine's child has Beam start SDK worker
-processes (pipelines/sdk_worker.py), fresh interpreters that run the pipeline's steps, the id
+With --direct_running_mode multi_processing the Beam engine's child had Beam start SDK worker
+processes (then pipelines/sdk_worker.py, since removed), fresh interpreters that run the pipeline's steps, the id
 map's commit (CommitIdMap) and its folders (BlockIds/WriteSegment) among them. A fault is
 injected there as the system gives it: a sitecustomize that only those workers act on (the
 CLI names itself in the environment they inherit) wraps one of kvtrace's own steps, so nothing
