@@ -63,18 +63,27 @@ def is_remote(options: PipelineOptions) -> bool:
 
 
 def refuse_unsupervised_workers(options: PipelineOptions) -> None:
-    """Refuse a local run whose steps would run in SDK worker processes Beam starts itself
-    (--direct_running_mode multi_processing): the Beam child that reports to the CLI never
-    hears what those workers commit or make, nor their deaths (one killed leaves the run waiting
-    for good), so a night there could neither say its commit nor end."""
-    if is_remote(options):
+    """Refuse a run whose steps would run in SDK worker processes Beam starts itself on this
+    machine (the DirectRunner's multi_processing mode; an embedded job server's PROCESS or
+    DOCKER environment): the Beam child that reports to the CLI never hears what those workers
+    commit or make, nor their deaths (one killed leaves the run waiting for good), so a night
+    there could neither say its commit nor end. A cluster's workers are its runner's to watch."""
+    portable = options.view_as(PortableOptions)
+    environment = (portable.environment_type or "").upper()
+    if not is_remote(options):
+        starts = "--direct_running_mode multi_processing"
+        if options.view_as(DirectOptions).direct_running_mode != "multi_processing":
+            return
+        remedy = "--direct_running_mode multi_threading, or --engine local --processes N"
+    elif portable.job_endpoint == "embed" and environment in ("PROCESS", "DOCKER"):
+        starts = f"--job_endpoint embed with --environment_type {environment}"
+        remedy = "--environment_type LOOPBACK"
+    else:
         return
-    if options.view_as(DirectOptions).direct_running_mode == "multi_processing":
-        raise ConfigError(
-            "--direct_running_mode multi_processing is refused: its SDK worker processes "
-            "report to no one (a worker's death would hang the run); use "
-            "--direct_running_mode multi_threading, or --engine local --processes N"
-        )
+    raise ConfigError(
+        f"{starts} is refused: its SDK worker processes report to no one (a worker's death "
+        f"would hang the run); use {remedy}"
+    )
 
 
 def run_for_report(
