@@ -71,9 +71,9 @@ def refuse_unsupervised_workers(options: PipelineOptions) -> None:
     portable = options.view_as(PortableOptions)
     environment = (portable.environment_type or "").upper()
     if not is_remote(options):
-        starts = "--direct_running_mode multi_processing"
         if options.view_as(DirectOptions).direct_running_mode != "multi_processing":
             return
+        starts = "--direct_running_mode multi_processing"
         remedy = "--direct_running_mode multi_threading, or --engine local --processes N"
     elif portable.job_endpoint == "embed" and environment in ("PROCESS", "DOCKER"):
         starts = f"--job_endpoint embed with --environment_type {environment}"
