@@ -131,6 +131,7 @@ def test_same_records_split_and_ordered_differently_give_identical_bytes(tiny_to
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
+@pytest.mark.beam
 def test_two_workers_give_identical_bytes(tiny_tokenizer, tmp_path):
     records = [chat(i, 3 * (i // 2)) for i in range(30)]
     src = write_jsonl(tmp_path / "in.jsonl", records)
