@@ -375,12 +375,15 @@ def _run(
 
 
 MAX_ERROR_CHARS = 500  # a long path twice in a message must not push the advice off screen
+TRACEBACK = "Traceback (most recent call last):"
 
 
 def _one_line(err: BaseException) -> str:
-    """An error's first line, its middle cut if it is long: the advice comes last."""
-    lines = str(err).strip().splitlines()
-    line = lines[0] if lines else type(err).__name__
+    """An error's first line, its middle cut if it is long: the advice comes last. An error
+    whose text is a traceback (a worker's, as Beam passes it on) is said by its last line,
+    where the traceback names what failed."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    line = (lines[-1] if lines[0] == TRACEBACK else lines[0]) if lines else type(err).__name__
     if len(line) <= MAX_ERROR_CHARS:
         return line
     half = MAX_ERROR_CHARS // 2

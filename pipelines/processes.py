@@ -1,8 +1,7 @@
 """The processes this one started, and theirs, found in /proc: a stopped run ends them all, so
 that none outlives it (the local engine's workers, Beam's SDK workers, a job server Beam
 launched, multiprocessing's helpers), whichever library started them. A killed run cannot end
-them: each process kvtrace starts ends itself with the run (end_with_parent; Beam's SDK workers:
-sdk_worker.py). And the one list
+them: each process kvtrace starts ends itself with the run (end_with_parent). And the one list
 of the signals that stop a run."""
 
 from __future__ import annotations
@@ -55,8 +54,8 @@ def end_with_parent() -> None:
 
 def end_with(parent: int) -> bool:
     """The kernel's death signal (SIGKILL) for this process once the process that started it
-    ends (PR_SET_PDEATHSIG; strictly, once the thread that started it does: Beam's and
-    multiprocessing's wait on their process for its life). Returns whether parent is still this
+    ends (PR_SET_PDEATHSIG; strictly, once the thread that started it does:
+    multiprocessing's waits on its process for its life). Returns whether parent is still this
     process's parent: if not, it died before the call (or another started this one), and no
     signal will come."""
     try:

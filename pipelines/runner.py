@@ -11,12 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import shlex
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -41,19 +38,6 @@ LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
 ENDPOINT_CONNECT_S = 5
 
 
-def sdk_worker_command() -> str:
-    """The SDK worker process Beam starts for --direct_running_mode multi_processing (from this
-    process): it ends with this one however it ends (sdk_worker.py), and is deaf to Ctrl-C (an
-    ignored signal stays ignored through exec, and Python keeps it so): the terminal sends
-    Ctrl-C to the whole process group, and the launcher, not each worker, acts on it, ending
-    them."""
-    python = shlex.quote(sys.executable)
-    return (
-        f"trap '' INT; exec {python} -m kvtrace.pipelines.sdk_worker {os.getpid()} "
-        f"apache_beam.runners.worker.sdk_worker_main"
-    )
-
-
 class FlinkCheckpointOptions(PipelineOptions):
     """Options of Beam's Flink runner (Java) that a Python pipeline must declare to pass them on:
     a portable job server drops options no Python class knows. Flink's own configuration does
@@ -76,6 +60,30 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
 def is_remote(options: PipelineOptions) -> bool:
     """A runner whose workers cannot see this machine's files."""
     return options.view_as(StandardOptions).runner not in LOCAL_RUNNERS
+
+
+def refuse_unsupervised_workers(options: PipelineOptions) -> None:
+    """Refuse a run whose steps would run in SDK worker processes Beam starts itself on this
+    machine (the DirectRunner's multi_processing mode; an embedded job server's PROCESS or
+    DOCKER environment): the Beam child that reports to the CLI never hears what those workers
+    commit or make, nor their deaths (one killed leaves the run waiting for good), so a night
+    there could neither say its commit nor end. A cluster's workers are its runner's to watch."""
+    portable = options.view_as(PortableOptions)
+    environment = (portable.environment_type or "").upper()
+    if not is_remote(options):
+        if options.view_as(DirectOptions).direct_running_mode != "multi_processing":
+            return
+        starts = "--direct_running_mode multi_processing"
+        remedy = "--direct_running_mode multi_threading, or --engine local --processes N"
+    elif portable.job_endpoint == "embed" and environment in ("PROCESS", "DOCKER"):
+        starts = f"--job_endpoint embed with --environment_type {environment}"
+        remedy = "--environment_type LOOPBACK"
+    else:
+        return
+    raise ConfigError(
+        f"{starts} is refused: its SDK worker processes report to no one (a worker's death "
+        f"would hang the run); use {remedy}"
+    )
 
 
 def run_for_report(
@@ -116,22 +124,13 @@ def runner_for(options: PipelineOptions) -> Any:
     if not is_remote(options):
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-        direct = options.view_as(DirectOptions)
-        if direct.direct_running_mode != "multi_processing":
-            return FnApiRunner()
-        from apache_beam.transforms.environments import SubprocessSDKEnvironment
-
-        # The same worker processes, with our command: in its own mode FnApiRunner would
-        # replace the environment with one of its own.
-        direct.direct_running_mode = "in_memory"
-        return FnApiRunner(
-            default_environment=SubprocessSDKEnvironment.from_command_string(sdk_worker_command())
-        )
+        return FnApiRunner()
     return None
 
 
 def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     """Build the pipeline with build(pipeline), run it to completion, return build's outputs."""
+    refuse_unsupervised_workers(options)  # the CLI refused it already: any other caller here
     check_endpoints(options)
     pipeline = beam.Pipeline(runner=runner_for(options), options=options)
     # Beam's own temporary folder, which it removes only once run() has started: in the run's

@@ -108,7 +108,8 @@ def no_beam_options(beam_args: list[str], hint: str = "") -> None:
 
 
 def engine_options(engine: str, beam_args: BeamFlags) -> None:
-    """The local engine takes no Beam options; the Beam engine takes only those Beam knows."""
+    """The local engine takes no Beam options; the Beam engine takes only those Beam knows, and
+    none that runs its steps in processes kvtrace cannot supervise."""
     if engine == "local" and beam_args:
         raise ConfigError(
             f"unknown options for the local engine: {' '.join(beam_args)} "
@@ -116,8 +117,10 @@ def engine_options(engine: str, beam_args: BeamFlags) -> None:
         )
     if engine == "beam":
         from kvtrace.options import check_beam_flags
+        from kvtrace.pipelines.runner import pipeline_options, refuse_unsupervised_workers
 
         check_beam_flags(beam_args, beam_args.ours)
+        refuse_unsupervised_workers(pipeline_options(beam_args))
 
 
 def warn_malformed(problems: dict) -> None:

@@ -131,7 +131,8 @@ def test_same_records_split_and_ordered_differently_give_identical_bytes(tiny_to
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
-def test_two_worker_processes_give_identical_bytes(tiny_tokenizer, tmp_path):
+@pytest.mark.beam
+def test_two_workers_give_identical_bytes(tiny_tokenizer, tmp_path):
     records = [chat(i, 3 * (i // 2)) for i in range(30)]
     src = write_jsonl(tmp_path / "in.jsonl", records)
     assert anonymize(tiny_tokenizer, [src], tmp_path / "a") == 0
@@ -143,7 +144,7 @@ def test_two_worker_processes_give_identical_bytes(tiny_tokenizer, tmp_path):
             "--direct_num_workers",
             "2",
             "--direct_running_mode",
-            "multi_processing",
+            "multi_threading",
         )
         == 0
     )

@@ -86,7 +86,7 @@ def test_wheel_imports_from_site_packages_not_from_the_checkout(clean_python, tm
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
-def test_job_runs_from_a_copy_of_the_source_tree_with_worker_processes(
+def test_job_runs_from_a_copy_of_the_source_tree_with_two_workers(
     clean_python, tiny_tokenizer, tmp_path
 ):
     image = tmp_path / "opt" / "kvtrace"  # the Dockerfile's WORKDIR, with the source copied in
@@ -103,7 +103,7 @@ def test_job_runs_from_a_copy_of_the_source_tree_with_worker_processes(
         f"--tokenizer={tiny_tokenizer}",
         "--block_size=4",
         "--direct_num_workers=2",
-        "--direct_running_mode=multi_processing",
+        "--direct_running_mode=multi_threading",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())

@@ -290,7 +290,8 @@ def test_letters_name_standard_input_as_dash_on_beam_worker_processes(tiny_token
     the process that spooled it. Beam's workers in their own processes (DirectRunner
     --direct_running_mode multi_processing) never saw that set: their letters name the random
     temporary file (/tmp/kvtrace-stdin-XXXX/stdin.jsonl), so the same stdin gives different
-    dead letters each run, and others than the local engine's (`-`)."""
+    dead letters each run, and others than the local engine's (`-`). (multi_processing is now
+    refused, runner.refuse_unsupervised_workers: Beam's two workers are the child's threads.)"""
     log = tmp_path / "log.jsonl"
     log.write_text(
         "".join(
@@ -304,7 +305,7 @@ def test_letters_name_standard_input_as_dash_on_beam_worker_processes(tiny_token
     for name, engine in {
         "local": ["--engine", "local"],
         "beam": ["--engine", "beam", "--direct_num_workers", "2",
-                 "--direct_running_mode", "multi_processing"],
+                 "--direct_running_mode", "multi_threading"],
     }.items():  # fmt: skip
         out = tmp_path / f"out-{name}"
         with log.open("rb") as stdin:

@@ -7,113 +7,13 @@ then do what they do."""
 
 from __future__ import annotations
 
-import os
-import select
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, kvtrace_child, night_args
+from helpers import kvtrace_child, night_args
 
 pytestmark = pytest.mark.slow
-_MAIN = "import sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
-# How long a process that ends with its run is given to be gone (it is, at once, once fixed).
-GONE_S = 5
-
-
-def _gone(pid: int, within_s: float) -> bool:
-    """Whether the process ends within within_s (waited on its pidfd: no polling)."""
-    try:
-        handle = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        return bool(select.select([handle], [], [], within_s)[0])
-    finally:
-        os.close(handle)
-
-
-def _end_orphans(pids: Path, mark: str) -> None:
-    """SIGKILL to the recorded processes still running that are this test's (their environment
-    holds its mark)."""
-    if not pids.exists():
-        return
-    for pid in {int(p) for p in pids.read_text().split()}:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as environ:
-                if mark.encode() not in environ.read():
-                    continue
-            os.kill(pid, signal.SIGKILL)
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            pass
-
-
-# The OOM killer (or `kill -9`, a scheduler's hard timeout) ends the CLI, or the Beam engine's
-# child alone (the process that holds the job's data, the OOM killer's likely pick), once the
-# child has started an SDK worker process (--direct_running_mode multi_processing): the child,
-# right after Beam's Popen of the worker, notes the worker's pid and kills the one named.
-_KILL_ONCE_AN_SDK_WORKER_RUNS = """
-import os, signal, subprocess
-_cli = os.getpid()
-_init = subprocess.Popen.__init__
-def _start_then_kill(self, args, *rest, **kwargs):
-    _init(self, args, *rest, **kwargs)
-    if os.getpid() != _cli and "sdk_worker_main" in str(args):
-        with open(os.environ["ROUND10_PIDS"], "a") as pids:
-            pids.write(f"{self.pid}\\n")
-        os.kill(_cli if os.environ["ROUND10_KILL"] == "cli" else os.getpid(), signal.SIGKILL)
-subprocess.Popen.__init__ = _start_then_kill
-"""
-
-
-@pytest.mark.beam
-@pytest.mark.parametrize("killed", ["cli", "child"])
-def test_a_killed_beam_run_leaves_no_sdk_worker_running(tiny_tokenizer, tmp_path, killed):
-    """Round 9 made every process kvtrace starts end with its run (processes.end_with_parent:
-    PR_SET_PDEATHSIG), but only those multiprocessing starts: the local engine's workers,
-    render's verifier, the Beam engine's child. With --direct_running_mode multi_processing the
-    child has Beam start its SDK workers (runner.SDK_WORKER_COMMAND, through subprocess.Popen:
-    `sh -c "trap '' INT; exec python -m ...sdk_worker_main"`), and nothing ends them with it.
-    The CLI killed (SIGKILL: the OOM killer, a hard timeout), the child goes with it (its
-    PDEATHSIG), and each SDK worker is left running, reparented to init, for good (its control
-    channel gone, it waits on), holding whatever records it was given. "A killed run cannot end
-    them: each process kvtrace starts ends itself with the run": a killed run must leave no
-    process. The child alone killed (the OOM killer's pick: it holds the job) is worse: the CLI
-    says `error: a worker process died by SIGKILL` and exits 1 as if all were over, its
-    end_descendants never runs on that path, and the SDK workers, reparented to init, are no
-    longer its descendants for it to find."""
-    out, pids, mark = tmp_path / "out", tmp_path / "pids", f"ROUND10_{tmp_path.name}"
-    night = night_args(tmp_path, tiny_tokenizer, out, "--engine", "beam")
-    night += ["--direct_running_mode", "multi_processing"]
-    try:
-        with open(tmp_path / "killed.err", "wb") as said:  # the orphan holds pipes open
-            done = subprocess.run(
-                [sys.executable, "-c", f"{_KILL_ONCE_AN_SDK_WORKER_RUNS}\n{_MAIN}", *night],
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=said,
-                timeout=120,
-                check=False,
-                env={
-                    **os.environ,
-                    "PYTHONPATH": str(ROOT),
-                    "HF_HUB_OFFLINE": "1",
-                    "ROUND10_PIDS": str(pids),
-                    "ROUND10_KILL": killed,
-                    mark: "1",
-                },
-            )
-        ended = -signal.SIGKILL if killed == "cli" else 1  # killed, or its one-line error
-        assert done.returncode == ended, (tmp_path / "killed.err").read_text()
-        workers = [int(p) for p in pids.read_text().split()]
-        assert workers
-        assert all(_gone(pid, GONE_S) for pid in workers)
-    finally:
-        _end_orphans(pids, mark)
-
 
 # The disk fills while the night's block hashes are staged, right after its id map version was
 # committed (the map is published before the trace and its block hashes).

@@ -1,12 +1,17 @@
 """Red team round 20, writes, stops and crashes: reproducers of holes left after the nineteenth
 round's fixes. Each asserts the promised behaviour, so each fails until it is fixed.
 
-With --direct_running_mode multi_processing the Beam engine's child has Beam start SDK worker
-processes (pipelines/sdk_worker.py), fresh interpreters that run the pipeline's steps, the id
+With --direct_running_mode multi_processing the Beam engine's child had Beam start SDK worker
+processes (then pipelines/sdk_worker.py, since removed), fresh interpreters that run the pipeline's steps, the id
 map's commit (CommitIdMap) and its folders (BlockIds/WriteSegment) among them. A fault is
 injected there as the system gives it: a sitecustomize that only those workers act on (the
 CLI names itself in the environment they inherit) wraps one of kvtrace's own steps, so nothing
-depends on timing."""
+depends on timing.
+
+Fixed by refusal (the brief's option C): kvtrace cannot hear those workers (what they commit, the
+folders they make, their deaths), so the CLI refuses multi_processing in one line before any
+work (runner.refuse_unsupervised_workers); the same faulty workers then never start. That rules
+out the second test's assertion as written (no worker commits, so the map stays as it was)."""
 
 from __future__ import annotations
 
@@ -63,60 +68,52 @@ def _beam_night_with_a_faulty_worker(
     )
 
 
+def _refused_before_any_work(said: subprocess.CompletedProcess, tmp_path: Path) -> None:
+    """The CLI's one-line refusal (exit 2), and nothing made: no output, no map, no folder."""
+    assert said.returncode == 2, said.stderr[-2000:]
+    errors = [line for line in said.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "multi_processing is refused" in errors[0], said.stderr[-2000:]
+    assert "Traceback" not in said.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "salt"]
+
+
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_a_beam_night_killed_in_an_sdk_worker_ends_with_an_error(tiny_tokenizer, tmp_path):
     """A night never hangs: a worker's death is the run's one-line error (child_process: "its
-    death is this process's one-line error"). The OOM killer ends an SDK worker of a Beam night
-    in multi_processing mode (here right after it committed the night's id-map version): the
-    CLI waits for good, its map extended and its trace unpublished, until a scheduler's hard
-    timeout kills it (which then says nothing at all). The same kill of the local engine's
-    worker or of the Beam child is an error within seconds. Any SDK worker's death hangs the
-    night (one killed 3 s after it starts, before any commit, too); that the error then names
-    the commit is the next test's."""
+    death is this process's one-line error"). The OOM killer ending an SDK worker of a Beam
+    night in multi_processing mode (here right after it committed the night's id-map version)
+    left the CLI waiting for good: no process kvtrace supervises saw the death. The night is
+    now refused before any work, so no such worker runs, and the error comes at once."""
     id_map = tmp_path / "map"
     site = _AFTER_THE_COMMIT.format(end="os.kill(os.getpid(), signal.SIGKILL)")
     try:
-        failed = _beam_night_with_a_faulty_worker(tmp_path, tiny_tokenizer, id_map, site, 60)
+        said = _beam_night_with_a_faulty_worker(tmp_path, tiny_tokenizer, id_map, site, 60)
     except subprocess.TimeoutExpired:
         pytest.fail("the night hung after its SDK worker was killed")
-    assert failed.returncode == 1, failed.stderr[-2000:]
-    assert [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    _refused_before_any_work(said, tmp_path)
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_a_beam_night_failing_in_an_sdk_worker_after_its_commit_says_the_map_was_extended(
     tiny_tokenizer, tmp_path
 ):
     """NIGHTLY.md / round 10: a failure after the map's commit names the version committed
-    (publish.published_here), never the line of a night that changed nothing. The Beam child
-    tells its parent of its commit (publish.intend, forward_publications), but in
-    multi_processing mode the commit runs in an SDK worker, which tells nobody: the night
-    fails after it with `error: the job failed: RuntimeError: Traceback (most recent call
-    last):` (exit 1), map at version 1, trace unpublished. An operator reads a failed night
-    that changed nothing and moves on to the next, leaving the map holding a night never
-    published."""
+    (publish.published_here). In multi_processing mode the commit ran in an SDK worker, which
+    told nobody: a night failing after it said it changed nothing, its map extended. Refused
+    before any work, no worker commits: the map is not even made, and the line says why."""
     id_map = tmp_path / "map"
     site = _AFTER_THE_COMMIT.format(end='raise OSError(errno.EIO, "Input/output error")')
-    failed = _beam_night_with_a_faulty_worker(tmp_path, tiny_tokenizer, id_map, site)
-    assert failed.returncode == 1, failed.stderr[-2000:]
-    assert not (tmp_path / "night").exists()
-    assert (id_map / "versions" / "000001.json").is_file()  # the map kept the night
-    said = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
-    assert said and f"version 1 of the id map {id_map}" in said[-1], said
+    said = _beam_night_with_a_faulty_worker(tmp_path, tiny_tokenizer, id_map, site)
+    _refused_before_any_work(said, tmp_path)
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 20")
 def test_a_beam_night_failing_in_an_sdk_worker_leaves_no_folder_it_made(tiny_tokenizer, tmp_path):
     """storage.run_folders: "a run that publishes nothing leaves the operator's folders as they
-    were". Round 19's fix has the Beam child tell its parent each folder it makes
-    (storage.forward_folders), but only the child: in multi_processing mode an SDK worker
-    makes the new map's folders and tells nobody, so a night that fails there (EIO on a
-    segment) leaves the owner-only `maps/` behind, which the default in_memory mode removes."""
+    were". In multi_processing mode an SDK worker made the new map's folders and told nobody,
+    so a night failing there (EIO on a segment) left the owner-only `maps/` behind. Refused
+    before any work, the night makes none."""
     id_map = tmp_path / "maps" / "m"
     site = _EIO_AS_A_WORKER_WRITES_A_SEGMENT
-    failed = _beam_night_with_a_faulty_worker(tmp_path, tiny_tokenizer, id_map, site)
-    assert failed.returncode == 1, failed.stderr[-2000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "salt"]
+    said = _beam_night_with_a_faulty_worker(tmp_path, tiny_tokenizer, id_map, site)
+    _refused_before_any_work(said, tmp_path)

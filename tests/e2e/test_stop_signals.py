@@ -147,20 +147,20 @@ def test_the_local_engine_in_one_process_stops(tiny_tokenizer, tmp_path, request
 @pytest.mark.parametrize(
     "signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)], ids=["ctrl-c", "sigterm"]
 )
-def test_beam_and_its_sdk_worker_processes_stop(
-    tiny_tokenizer, tmp_path, request_log, signum, to_group
-):
+def test_beam_and_its_child_stop(tiny_tokenizer, tmp_path, request_log, signum, to_group):
+    """Its workers are threads of the child (multi_processing, whose SDK worker processes report
+    to no one, is refused)."""
     _stop_mid_run(
         tmp_path,
         tiny_tokenizer,
         request_log,
         signum,
         to_group,
-        2,
+        1,
         "--engine",
         "beam",
         "--direct_num_workers",
         "2",
         "--direct_running_mode",
-        "multi_processing",
+        "multi_threading",
     )

@@ -145,6 +145,32 @@ def test_a_job_endpoint_where_nothing_listens_is_refused_at_once():
     check_endpoints(PipelineOptions(["--runner", "PortableRunner", "--job_endpoint", "embed"]))
 
 
+@pytest.mark.parametrize(
+    "flags, refused",
+    [
+        (["--direct_running_mode", "multi_processing"], True),
+        (["--runner", "DirectRunner", "--direct_running_mode=multi_processing"], True),
+        (["--direct_running_mode", "multi_threading", "--direct_num_workers", "2"], False),
+        ([], False),
+        (["--runner", "DataflowRunner", "--direct_running_mode", "multi_processing"], False),
+        (["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=PROCESS"], True),
+        (["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=docker"], True),
+        (["--runner", "PortableRunner", "--job_endpoint", "embed"], False),
+        (["--runner", "FlinkRunner", "--environment_type", "PROCESS"], False),
+    ],
+)
+def test_local_sdk_worker_processes_are_refused(flags, refused):
+    """Processes Beam starts itself on this machine report to no one: a run in them is refused
+    (the DirectRunner's mode, an embedded job server's); a cluster's are its runner's."""
+    from kvtrace.pipelines.runner import pipeline_options, refuse_unsupervised_workers
+
+    if refused:
+        with pytest.raises(ConfigError, match="is refused: its SDK worker processes"):
+            refuse_unsupervised_workers(pipeline_options(flags))
+    else:
+        refuse_unsupervised_workers(pipeline_options(flags))
+
+
 def test_a_process_environment_whose_command_is_missing_is_refused_at_once(tmp_path):
     from apache_beam.options.pipeline_options import PipelineOptions
 

@@ -185,8 +185,8 @@ SPOOL_STEP_BYTES = 1 << 20
 # disk) stops here with a one-line error, never by filling the disk under the run's own output.
 SPOOL_RESERVE_BYTES = 1 << 30
 # The spooled copy's path (/proc/PID/fd/N: the copy has no name) and form, kept in the
-# environment so that every worker the run starts, forked or spawned (Beam's multi_processing
-# workers), inherits them: they read it as its form, and their letters name the input as the
+# environment so that every worker the run starts, forked or spawned (the local engine's, from
+# a forkserver), inherits them: they read it as its form, and their letters name the input as the
 # user gave it, `-`, never the path of the moment, so the same input gives the same letters on
 # every engine. Set by spooled_standard_input alone, for the run's length.
 SPOOLED_STDIN_ENV = "KVTRACE_SPOOLED_STDIN"

@@ -126,7 +126,7 @@ def test_input_beyond_the_free_space_is_a_one_line_error_and_leaves_nothing(monk
 
 
 def shown_name_in_a_new_process(path: str) -> str:
-    """input_name as a worker started afresh (spawned, as Beam's multi_processing ones are)
+    """input_name as a worker started afresh (spawned, as the local engine's are from a forkserver)
     sees it: nothing of the spooling process's memory, only what it inherits."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         return pool.apply(decompress.input_name, (path,))
