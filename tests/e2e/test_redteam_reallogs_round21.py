@@ -211,3 +211,47 @@ def test_an_echoed_completion_counts_only_the_tokens_the_engine_generated(tmp_pa
     code, rows, _ = _run(tmp_path, [echoed, plain])
     assert code == 0
     assert rows[0]["output_length"] == rows[1]["output_length"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 21")
+def test_an_embeddings_call_in_a_gateways_log_is_not_exported_as_a_chat(tmp_path):
+    """Exactly what the engine would see. A gateway logs every endpoint alike; an embeddings
+    call's request (`{"model", "input": "text"}`) is a Responses API request by its fields
+    (records._detect_kind: a string `input` is a chat), so it is exported as a chat rendered
+    through the template (16 tokens where the embedding model read 8) that generated 0
+    tokens, though its response is an embedding list (`object: "list"`, `data`). The Batch
+    reader refuses the same call by its endpoint (unsupported_request). Promised: the chat is
+    exported, the embeddings call is a letter."""
+    embedding = {
+        "timestamp": T0,
+        "request": {"model": "e5", "input": "Write a haiku about the sea."},
+        "response": {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+            "usage": {"prompt_tokens": 8, "total_tokens": 8},
+        },
+    }
+    served = {
+        "timestamp": T0 + 1000,
+        "request": {"model": "m", "messages": USER},
+        "output_length": 3,
+    }
+    code, rows, dead = _run(tmp_path, [embedding, served])
+    assert code == 0
+    assert ([row["output_length"] for row in rows], len(dead)) == ([3], 1)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 21")
+def test_an_empty_session_id_merges_no_unrelated_requests(tmp_path):
+    """Sessions neither merged nor split. A log (or a table exported from a database that
+    writes no value as "") gives `session_id: ""` to every request without a session;
+    records._session takes "" as an id, so all of them become one session, which the
+    session-aware replayers (aiperf-sessions, dynamo-agentic) replay one after another as a
+    single conversation. Null is already read as no session. Promised: "" is no session, so
+    the two unrelated requests publish no `session`."""
+    first = {"timestamp": T0, "session_id": "", "messages": USER, "output_length": 3}
+    other = [{"role": "user", "content": "Translate 'good morning' to French."}]
+    second = {"timestamp": T0 + 1000, "session_id": "", "messages": other, "output_length": 3}
+    code, rows, _ = _run(tmp_path, [first, second])
+    assert code == 0
+    assert [row.get("session") for row in rows] == [None, None]
