@@ -255,3 +255,27 @@ def test_an_empty_session_id_merges_no_unrelated_requests(tmp_path):
     code, rows, _ = _run(tmp_path, [first, second])
     assert code == 0
     assert [row.get("session") for row in rows] == [None, None]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 21")
+def test_a_spend_log_exported_from_postgres_keeps_its_hour_only_zones(tmp_path):
+    """No false letter. A gateway's spend-log table exported from PostgreSQL as text (COPY,
+    psql) writes a timestamptz as `2025-11-21 04:40:02.123+00`: ISO-8601 allows a zone of
+    hours alone (±hh). timestamps._ISO takes only ±hh:mm or ±hhmm, so every row of such an
+    export is a bad_timestamp letter and the night is refused, though each is a request the
+    engine served. Promised: both rows exported, 1 s apart."""
+    rows_in = [
+        {
+            "request_id": f"r{i}",
+            "call_type": "acompletion",
+            "status": "success",
+            "startTime": f"2025-11-21 04:40:0{i}.123+00",
+            "endTime": f"2025-11-21 04:40:0{i}.623+00",
+            "proxy_server_request": {"model": "m", "messages": USER},
+            "completion_tokens": 3,
+        }
+        for i in (1, 2)
+    ]
+    code, rows, dead = _run(tmp_path, rows_in)
+    assert code == 0, [letter["reason"] for letter in dead]
+    assert [(row["timestamp"], row["response_ms"]) for row in rows] == [(0, 500), (1000, 500)]
