@@ -45,6 +45,12 @@ TIMESTAMP_FIELDS = ("timestamp", "startTime")
 REQUEST_FIELDS = ("request", "proxy_server_request")
 # The OpenAI Batch API's generation endpoints, and the kind of request each takes.
 BATCH_URLS = {"/v1/chat/completions": "chat", "/v1/responses": "chat", "/v1/completions": "prompt"}
+# A record's `status` that says the call failed (LiteLLM's "failure"; a Responses API response's
+# "failed"): the engine generated nothing to trace.
+FAILED_STATUSES = frozenset({"failure", "failed", "error"})
+# A response's `object` that no generation endpoint returns (an embeddings call's list of
+# embeddings, a model list): its request was no generation, whatever its fields look like.
+NOT_GENERATION_OBJECTS = frozenset({"list", "embedding", "model", "moderation", "file"})
 ONE_OBJECT_PER_LINE = (
     "kvtrace reads one JSON object per line (JSONL), not pretty-printed JSON or a JSON array: "
     "jq -c . (objects) or jq -c '.[]' (an array) writes it so"
@@ -385,8 +391,9 @@ def _request(
         kind = _batch_kind(record) if batch and body is not record else _detect_kind(body)
     envelope = "batch" if batch else "log"
     check_record(record, body, kind, envelope, body_field)
-    if batch:
-        _check_batch(record, body)
+    if batch and body is record:
+        raise Rejected("unjoined_batch", f"a Batch output line holds no request: {BATCH_JOIN}")
+    _check_outcome(record, response)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
         budget = ContainerBudget(record_containers(options.max_record_bytes))
@@ -458,23 +465,31 @@ def _batch_kind(record: dict[str, Any]) -> str:
     return BATCH_URLS[url]
 
 
-def _check_batch(record: dict[str, Any], body: dict[str, Any]) -> None:
-    if body is record:
-        raise Rejected("unjoined_batch", f"a Batch output line holds no request: {BATCH_JOIN}")
-    error = record.get("error")
-    if error is not None:
-        code = error.get("code")
+def _check_outcome(record: dict[str, Any], response: dict | list | None) -> None:
+    """Refuse a call that served no generation, on every envelope alike: a failed call (a
+    status that says so, an error beside or in the response, an HTTP status outside 2xx) is a
+    failed_request, a response no generation endpoint returns an unsupported_request. Read
+    from the declared fields (shapes.ENVELOPE, RESPONSE_OBJECT), so their types are checked."""
+    wrapper = record.get("response")  # a Batch output line's {status_code, body}
+    holders = [record, *(h for h in (wrapper, response) if isinstance(h, dict))]
+    if isinstance(response, list):  # a stream that ended in an error chunk failed
+        holders += [chunk for chunk in response if isinstance(chunk, dict)]
+    for holder in holders:
+        status = holder.get("status")
+        if isinstance(status, str) and status.lower() in FAILED_STATUSES:
+            raise Rejected("failed_request", f"the call's status is {status[:32]!r}: not served")
+        for name in ("status_code", "status"):
+            code = holder.get(name)
+            if isinstance(code, int) and not 200 <= code < 300:
+                # The server refused the request (context too long, invalid): nothing generated.
+                raise Rejected("failed_request", f"the call's {name} is {code}: not served")
+        for name in ("error", "error_str"):
+            if holder.get(name) not in (None, ""):
+                raise Rejected("failed_request", f"the call logged an {name}: not served")
+    kind = response.get("object") if isinstance(response, dict) else None
+    if kind in NOT_GENERATION_OBJECTS:
         raise Rejected(
-            "failed_request",
-            f"the Batch API served no response (error {str(code)[:64]!r}): no request to trace",
-        )
-    response = record.get("response")
-    status = response.get("status_code") if isinstance(response, dict) else None
-    if status is not None and not 200 <= status < 300:
-        # The API refused the request (context too long, invalid): nothing was generated.
-        raise Rejected(
-            "failed_request",
-            f"the Batch API refused the request (status {status}): no request to trace",
+            "unsupported_request", f"the response is a {kind!r} object: not a generation"
         )
 
 
@@ -612,7 +627,7 @@ def _session(record: dict, body: dict) -> str | None:
     for holder in (record, body):
         for name in ("session_id", "conversation_id"):
             value = holder.get(name)
-            if value is None:
+            if value is None or value == "":  # "" is no id: it would join unrelated requests
                 continue
             if isinstance(value, int) and not -(2**63) <= value < 2**63:
                 raise Rejected("out_of_range", f"{name} is an integer beyond int64")

@@ -323,6 +323,14 @@ OUTPUT_ITEM = tagged(
         ),
     },
 )
+# Whether a call was served, in a response or beside it (records._check_outcome): LiteLLM's
+# `status` "failure" and `error_str`, a response's `error`, an HTTP status (or `status` number).
+OUTCOME = {
+    "status": optional(one_of(STRING, INTEGER)),
+    "status_code": optional(INTEGER),
+    "error": optional(one_of(ANY_OBJECT, STRING)),
+    "error_str": optional(STRING),
+}
 # A Chat Completions response or chunk, a Responses API response, an Anthropic message (its
 # `type` is "message"; the others have none, or a streaming event's).
 RESPONSE_OBJECT = tagged(
@@ -334,6 +342,8 @@ RESPONSE_OBJECT = tagged(
         "usage": optional(USAGE),
         "output": optional(list_of(OUTPUT_ITEM)),
         "num_cached_tokens": optional(INTEGER),  # vLLM's own count of a request's cached tokens
+        **OUTCOME,
+        "object": optional(STRING),  # what the endpoint returned: no embedding list is a chat
     },
 )
 RESPONSE = optional(one_of(RESPONSE_OBJECT, list_of(RESPONSE_OBJECT)))
@@ -357,6 +367,7 @@ ENVELOPE = {
     "model_parameters": obj(tools=optional(list_of(TOOL))),
     "completion_tokens": INTEGER,
     "num_cached_tokens": INTEGER,  # vLLM's, logged beside the request
+    **OUTCOME,
 }
 # A line of an OpenAI Batch file, told by its `custom_id`: the input file's request (method,
 # url, body), the output file's response (its body a response object) or error; a line joined

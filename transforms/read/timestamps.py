@@ -47,7 +47,7 @@ MAX_GAP_DAYS = 7
 _ISO = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})"
     r"(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?)?"
-    r"(Z|[+-]\d{2}:?\d{2})?",
+    r"(Z|[+-]\d{2}(?::?\d{2})?)?",  # ±hh alone: ISO-8601's, PostgreSQL's timestamptz text
     re.IGNORECASE | re.ASCII,
 )
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -161,7 +161,7 @@ def _zone(zone: str | None) -> dt.timezone:
         return dt.timezone.utc
     sign = -1 if zone[0] == "-" else 1
     digits = zone[1:].replace(":", "")
-    hours, minutes = int(digits[:2]), int(digits[2:])
+    hours, minutes = int(digits[:2]), int(digits[2:] or 0)
     if hours > 23 or minutes > 59:
         raise ValueError(f"zone {zone} out of range")
     return dt.timezone(sign * dt.timedelta(hours=hours, minutes=minutes))

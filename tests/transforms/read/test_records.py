@@ -272,6 +272,18 @@ def test_sessions_are_kept_as_strings_for_keyed_hashing():
     assert parse({"messages": USER, "conversation_id": "c", **TS}).session == "c"
 
 
+@pytest.mark.parametrize("holder", ["record", "request"])
+def test_an_empty_session_id_is_no_session_as_null_is(holder):
+    """ "" is how a table export writes no value: taken as an id it would make one session of
+    every request without one."""
+    ids = {"session_id": "", "conversation_id": "c"}
+    record = {"messages": USER, **TS, **ids}
+    if holder == "request":
+        record = {"request": {"messages": USER, **ids}, **TS}
+    assert parse(record).session == "c"
+    assert parse({"messages": USER, "session_id": "", **TS}).session is None
+
+
 def test_forced_format_ignores_other_shapes():
     assert parse({"prompt": "p", "messages": USER, **TS}, input_format="prompt").kind == "prompt"
     assert reason({"messages": USER, **TS}, input_format="tokens") == "no_input"
@@ -561,6 +573,64 @@ def test_a_batch_line_the_api_refused_is_a_failed_request(status):
     assert reason({**BATCH, "response": refused, "error": None}) == "failed_request"
     served = {"status_code": 200, "request_id": "q", "body": {"usage": {"completion_tokens": 2}}}
     assert parse({**BATCH, "response": served}).output_length == 2
+
+
+SERVED = {"choices": [{"message": {"content": "a b"}}]}
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        {"status": "failure", "error_str": "ContextWindowExceededError"},  # LiteLLM's payload
+        {"status": "Failed"},
+        {"error_str": "RateLimitError"},
+        {"error": {"message": "overloaded"}},
+        {"error": "overloaded"},
+        {"status_code": 500},
+        {"status": 429},
+        {"response": {"error": {"code": "context_length_exceeded"}}},
+        {"response": {"status": "failed", "output": []}},  # a Responses API response
+        {"response": [{"choices": [{"delta": {"content": "a"}}]}, {"error": {"code": 500}}]},
+    ],
+)
+def test_a_logged_call_that_failed_is_a_failed_request_on_any_envelope(outcome):
+    """One outcome check for every envelope, as for a Batch line: a failed call served
+    nothing, so it is a letter, never a request of output 0."""
+    assert reason({"request": {"messages": USER}, "response": SERVED, **TS, **outcome}) == (
+        "failed_request"
+    )
+    assert reason({"messages": USER, **TS, **outcome}) == "failed_request"
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        {"status": "success", "error_str": None, "status_code": 200},
+        {"status": 201, "error": None},
+        {"response": {**SERVED, "status": "completed", "error": None, "object": "response"}},
+    ],
+)
+def test_a_logged_call_that_was_served_is_read(outcome):
+    record = {"request": {"messages": USER}, "response": SERVED, **TS, **outcome}
+    assert parse(record).kind == "chat"
+
+
+@pytest.mark.parametrize("kind", ["list", "embedding"])
+def test_a_response_no_generation_returns_is_an_unsupported_request(kind):
+    """An embeddings call's request reads as a Responses API chat (a string `input`); its
+    response says it generated nothing, as a Batch line's endpoint does."""
+    response = {"object": kind, "data": [{"object": "embedding", "embedding": [0.1]}]}
+    assert reason({"request": {"input": "hi"}, "response": response, **TS}) == (
+        "unsupported_request"
+    )
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [{"status": 1.5}, {"status_code": "500"}, {"error_str": 3}, {"response": {"object": 1}}],
+)
+def test_a_calls_outcome_fields_are_held_to_their_shape(outcome):
+    assert reason({"messages": USER, **TS, **outcome}) == "wrong_type"
 
 
 @pytest.mark.parametrize("value", ["5", [5], {}, True])

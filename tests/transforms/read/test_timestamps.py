@@ -130,3 +130,23 @@ def test_an_arrow_timestamp_outside_the_logs_dates_is_refused_alike():
 )
 def test_a_number_is_scaled_as_its_text_wrote_it(value, unit, expected):
     assert timestamp_ms(value, unit) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2025-11-21 04:40:02.123+00", "2025-11-21T04:40:02.123+00:00"),
+        ("2025-11-21 04:40:02-05", "2025-11-21T04:40:02-05:00"),
+        ("2025-11-21T04:40:02+0530", "2025-11-21T04:40:02+05:30"),
+    ],
+)
+def test_an_hour_only_zone_reads_as_its_hours(text, expected):
+    """ISO-8601's ±hh, as PostgreSQL writes a timestamptz as text: minutes 0."""
+    moment = dt.datetime.fromisoformat(expected)
+    assert timestamp_ms(text) == int(moment.timestamp() * 1000)
+
+
+@pytest.mark.parametrize("zone", ["+\u0660\u0660", "+0", "+000", "+24", "+00:"])
+def test_a_zone_of_other_than_two_ascii_hour_digits_is_refused(zone):
+    with pytest.raises(Rejected, match="bad_timestamp|not ISO|out of range"):
+        timestamp_ms("2025-11-21 04:40:02" + zone.encode().decode("unicode_escape"))
