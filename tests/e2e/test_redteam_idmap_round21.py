@@ -3,6 +3,7 @@ fixes. Each asserts the promised behaviour, so each fails until it is fixed."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,70 @@ def test_a_dangling_link_in_the_next_versions_place_is_refused_as_the_map_opens(
     assert "versions/000003.json" in stderr, stderr
     assert "extended by another run" not in stderr
     assert not (tmp_path / "out2").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 21")
+def test_a_map_missing_a_listed_segment_folder_is_not_extended(tiny_tokenizer, tmp_path):
+    """Promise (brief, docs/ID_MAP.md): a damaged map is refused in one line, never silently
+    extended; 'Deleting files is noticed'. But a night checks a segment file only if it reads
+    it (segments.read_matching, for the hash shards its keys fall in), and as the map opens
+    id_map.finish_interrupted_commit 'rolls forward' a commit that was never interrupted: for
+    each folder the newest record lists with no COMMITTED mark, storage.create makes the folder
+    again and marks it. So with version 1's whole segment folder deleted (files the newest
+    version still lists), the next night whose keys fall in other shards recreates the folder,
+    empty but for COMMITTED, publishes, and commits version 3 listing files that are gone: the
+    damage is carried into a new version, and backups from before it are now rollbacks."""
+    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    (first,) = (tmp_path / "map" / "segments").glob("000001-*")
+    listed = sorted(p.name for p in first.iterdir())
+    assert any(name.endswith(".parquet") for name in listed)
+    for path in first.iterdir():
+        path.unlink()
+    first.rmdir()
+    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2", *common) != 0
+    assert not (tmp_path / "map" / "versions" / "000003.json").exists()
+    assert not (tmp_path / "out2" / "manifest.json").exists()
+
+
+# A child running the CLI with the map folded every 2 nights instead of every 32
+# (id_map.MAX_SEGMENTS): the folding night's code path, reached without 32 nights.
+_FOLDING_EVERY_2_NIGHTS = (
+    "import sys\n"
+    "from kvtrace.transforms.ids import id_map\n"
+    "id_map.MAX_SEGMENTS = 2\n"
+    "from kvtrace.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 21")
+def test_a_folding_night_reads_no_segment_footer_before_it_is_verified(tiny_tokenizer, tmp_path):
+    """Promise (brief; docs/ID_MAP.md 'What a read checks', 6): bounded memory when reading a
+    map of huge claimed sizes; a segment file is read unit by unit, its size and footer checked
+    against the record before Parquet decodes anything. But a folding night (every
+    MAX_SEGMENTS = 32 nights) calls segments.merge_segment, whose first step, _row_count, opens
+    every earlier segment file of the shard with pq.ParquetFile(handle): an unverified file of
+    any size, its footer length read from its own last bytes. A listed segment file replaced
+    (no salt needed) by a sparse 1 GiB file (8 KB on disk) ending in a footer length of ~1 GiB
+    makes Arrow read and try to parse ~1 GiB: the night peaks at ~1.2 GB (3 GiB: 3.3 GB, 11 s)
+    and ends 'the job failed: Couldn't deserialize thrift', never the one-line damage refusal
+    naming the file (and a crafted footer reaches Arrow's parser, which docs/BOUNDS.md records
+    aborting the process on one byte)."""
+    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    segments = sorted((tmp_path / "map" / "segments").glob("*/blocks-*.parquet"))
+    victim = segments[0]
+    size = 1 << 30
+    with open(victim, "r+b") as handle:
+        handle.truncate(size)
+        handle.seek(size - 8)
+        handle.write((size - 16).to_bytes(4, "little") + b"PAR1")
+    night = _night(tmp_path, 2)
+    code, peak, stderr = peak_rss_mb(
+        [sys.executable, "-c", _FOLDING_EVERY_2_NIGHTS, "anonymize", "--input", str(night)]
+        + ["--tokenizer", tiny_tokenizer, "--block-size", "4", "--output", str(tmp_path / "out2")]
+        + ["--quiet", *common]
+    )
+    assert peak < 600, f"peak RSS {peak} MB for a segment file of 8 KB on disk"
+    assert code != 0, stderr
+    assert "damaged" in stderr and victim.name in stderr, stderr
+    assert not (tmp_path / "map" / "versions" / "000003.json").exists()
