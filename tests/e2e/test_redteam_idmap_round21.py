@@ -3,12 +3,14 @@ fixes. Each asserts the promised behaviour, so each fails until it is fixed."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import KVTRACE, anonymize_night, peak_rss_mb, write_jsonl
+from helpers import KVTRACE, ROOT, anonymize_night, peak_rss_mb, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -169,3 +171,47 @@ def test_a_folding_night_reads_no_segment_footer_before_it_is_verified(tiny_toke
     assert code != 0, stderr
     assert "damaged" in stderr and victim.name in stderr, stderr
     assert not (tmp_path / "map" / "versions" / "000003.json").exists()
+
+
+def _newest_folder_unmarked(tmp_path: Path) -> Path:
+    """The COMMITTED mark of the newest version's segment folder, removed: what a run killed
+    between its commit and its marks leaves, and any writer of the map's files can make."""
+    (newest,) = (tmp_path / "map" / "segments").glob("000002-*")
+    mark = newest / "COMMITTED"
+    mark.unlink()
+    return mark
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 21")
+def test_a_fifo_in_a_committed_marks_place_is_one_line_not_a_hang(tiny_tokenizer, tmp_path):
+    """Promise (brief; docs/BOUNDS.md 'id map file read': a FIFO in a map file's place is
+    refused in one line; round 6 made every read of the map do so): never a hang. But as the
+    map opens, id_map.finish_interrupted_commit writes the COMMITTED mark of each folder the
+    newest record lists that has none (storage.files_in lists regular files only, so a FIFO
+    named COMMITTED is 'none') with storage.create: open(O_WRONLY|O_CREAT) on the FIFO, which
+    waits for a reader forever. Every night then hangs before any work."""
+    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    os.mkfifo(_newest_folder_unmarked(tmp_path))
+    command = [*KVTRACE, "anonymize", "--input", str(_night(tmp_path, 2))]
+    command += ["--tokenizer", tiny_tokenizer, "--block-size", "4"]
+    command += ["--output", str(tmp_path / "out2"), "--quiet", *common]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the night hung on a FIFO named COMMITTED in the id map")
+    assert done.returncode != 0 and "COMMITTED" in done.stderr, done.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 21")
+def test_a_link_in_a_committed_marks_place_makes_no_file_outside_the_map(tiny_tokenizer, tmp_path):
+    """Promise (docs/BOUNDS.md 'id map file read': a link in a map file's place is refused,
+    its own link not followed; docs/ID_MAP.md: whoever writes only the map's files cannot make
+    a run act elsewhere). The same write follows a dangling link named COMMITTED: the night
+    creates an empty owner-only file wherever the link points (any path the run's user may
+    write: another map's next version, a name a later step expects free) and publishes."""
+    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    outside = tmp_path / "elsewhere" / "made-by-the-night"
+    outside.parent.mkdir()
+    _newest_folder_unmarked(tmp_path).symlink_to(outside)
+    anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2", *common)
+    assert not outside.exists()
