@@ -39,6 +39,7 @@ def _night(folder: Path, day: int) -> Path:
 
 def _map_of_nights(tokenizer: str, tmp_path: Path, nights: int) -> list[str]:
     """A map kvtrace wrote over `nights` nights; returns the flags that name it."""
+    tmp_path.mkdir(exist_ok=True)
     salt = tmp_path / "salt"
     salt.write_bytes(SALT)
     common = ["--id-map", str(tmp_path / "map"), "--id-map-marks", str(tmp_path / "marks")]
@@ -215,3 +216,34 @@ def test_a_link_in_a_committed_marks_place_makes_no_file_outside_the_map(tiny_to
     _newest_folder_unmarked(tmp_path).symlink_to(outside)
     anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2", *common)
     assert not outside.exists()
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 21")
+def test_a_link_in_place_of_segments_deletes_no_other_maps_files(tiny_tokenizer, tmp_path):
+    """Promise (docs/ID_MAP.md 'What this gives': whoever can write the map's files only can
+    deny that map, nothing more; docs/BOUNDS.md: a link in a map file's place is refused). As
+    the map opens, map_opening.open_repaired_map runs id_map.discard_abandoned, which lists
+    segments/ with storage.files_in (os.walk: a link at the top is followed) and deletes every
+    file of a folder NNNNNN-* whose version's record does not list it, before any segment file
+    is read. With the map's segments/ replaced by a link to another map's segments/ (a map of
+    the same operator its writer cannot write), the night deletes that map's every segment
+    file and leaves COMMITTED-only folders there; only then does it fail on its own files."""
+    common = _map_of_nights(tiny_tokenizer, tmp_path / "attacked", 2)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "salt").write_bytes(SALT)
+    flags = ["--id-map", str(victim / "map"), "--id-map-marks", str(victim / "marks")]
+    flags += ["--salt-file", str(victim / "salt")]
+    other = write_jsonl(
+        victim / "night.jsonl",
+        [{"timestamp": ZERO, "output_length": 5, "messages": [{"role": "user", "content": "a b"}]}],
+    )
+    assert anonymize_night(tiny_tokenizer, [other], victim / "out", *flags) == 0
+    kept = sorted((victim / "map" / "segments").glob("*/*.parquet"))
+    assert kept
+    segments = tmp_path / "attacked" / "map" / "segments"
+    segments.rename(segments.with_name("segments.moved"))
+    segments.symlink_to(victim / "map" / "segments")
+    night = _night(tmp_path, 2)
+    anonymize_night(tiny_tokenizer, [night], tmp_path / "attacked" / "out2", *common)
+    assert all(path.exists() for path in kept)
