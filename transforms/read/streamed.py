@@ -59,13 +59,14 @@ RESPONSES_EVENT_PREFIX = "response."
 OUTPUT_TEXT_DELTA = "response.output_text.delta"
 
 
-def final_response(response: Any, path: Path = (None, "response")) -> Any:
+def final_response(response: Any) -> Any:
     """A Responses API stream logged as its events (each an object whose `type` starts with
     RESPONSES_EVENT_PREFIX) as its final response: the last event's `response` object, held
     to the response's shape, its output the output_text deltas merged when no such object
     holds any; any other response as it is."""
     if type(response) is not list or not response or not all(map(_is_event, response)):
         return response
+    path: Path = (None, "response")
     final: dict[str, Any] = {}
     for index in range(len(response) - 1, -1, -1):
         held = response[index].get("response")
@@ -75,10 +76,14 @@ def final_response(response: Any, path: Path = (None, "response")) -> Any:
             break
     if final.get("output"):
         return final
-    texts = [_delta(event, (path, index)) for index, event in enumerate(response)]
-    text = "".join(piece for piece in texts if piece is not None)
-    if not any(piece is not None for piece in texts):
+    deltas = [
+        text
+        for index, event in enumerate(response)
+        if (text := _delta(event, (path, index))) is not None
+    ]
+    if not deltas:
         return final
+    text = "".join(deltas)
     item = {"type": "message", "content": [{"type": "output_text", "text": text}]}
     return {**final, "output": [item]}
 
