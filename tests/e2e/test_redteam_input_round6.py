@@ -68,7 +68,7 @@ def test_a_record_of_many_small_values_costs_what_the_bounds_say(tiny_tokenizer,
         ids = b"0," * (ZEROS - 1) + b"0"
         line = (
             b'{"timestamp":1,"input_ids":[' + ids + b'],"output_length":1,'
-            b'"n":1234567890123456789,"s":"\\u0041"}\n'
+            b'"big":1234567890123456789,"s":"\\u0041"}\n'
         )
         assert len(line) < BOUND
         peak = _anonymize_peak(tiny_tokenizer, tmp_path, "zeros.jsonl", line)

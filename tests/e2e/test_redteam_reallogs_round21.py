@@ -78,7 +78,6 @@ def _responses_stream_events(created_at: int) -> list[dict]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_responses_stream_logged_as_its_events_exports_the_count_its_usage_gives(tmp_path):
     """Never a made-up length. A Responses API stream (`stream: true`) logged as its events
     keeps the usage in the last event's `response` (`response.completed`), not at the event's
@@ -96,7 +95,6 @@ def test_a_responses_stream_logged_as_its_events_exports_the_count_its_usage_giv
     assert [row["output_length"] for row in rows] == [5]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_responses_stream_logged_as_its_events_takes_its_time_from_the_response(tmp_path):
     """No false letter. The same log without a gateway's own timestamp: its time is the
     response's `created_at`, as a Responses API response logged whole gives it
@@ -156,7 +154,6 @@ def _choice(index: int, text: str) -> dict:
     return {"index": index, "message": {"role": "assistant", "content": text}}
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_request_of_two_choices_exports_one_length_whichever_way_it_was_logged(tmp_path):
     """Never a made-up length; usage and text agree. A request with `n: 2` generates two
     sequences; the engine's usage.completion_tokens is their sum. records._output takes the
@@ -164,7 +161,8 @@ def test_a_request_of_two_choices_exports_one_length_whichever_way_it_was_logged
     streamed chunk, which with n > 1 is each choice in turn (all of them: 16, and for
     interleaved pieces more). So one request exports 16, 8 or 16 by how its log was written,
     and a Mooncake row cannot say n. Promised: the three logs of one request export one
-    length (or are refused alike)."""
+    length (or are refused alike). Decided (docs/ANONYMIZE.md): refused alike, each an
+    unsupported_request letter naming `n`; a request of one sequence beside them is exported."""
     request = {"model": "m", "messages": USER, "n": 2}
     choices = [_choice(0, FIRST), _choice(1, SECOND)]
     with_usage = {
@@ -187,18 +185,24 @@ def test_a_request_of_two_choices_exports_one_length_whichever_way_it_was_logged
         for i, word in enumerate(pair)
     ]
     streamed = {"timestamp": T0 + 2000, "request": {**request, "stream": True}, "response": chunks}
-    code, rows, dead = _run(tmp_path, [with_usage, without_usage, streamed])
+    single = {"timestamp": T0 + 3000, "request": {**request, "n": 1}, "output_length": 3}
+    logs = [with_usage, without_usage, streamed, single]
+    code, rows, dead = _run(tmp_path, logs, "--max-rejected-fraction", "1")
     assert code == 0
-    lengths = {row["output_length"] for row in rows}
-    assert (len(rows), len(lengths)) in ((3, 1), (0, 0)), (lengths, dead)
+    lengths = {row["output_length"] for row in rows[:-1]}
+    assert (len(rows) - 1, len(lengths)) in ((3, 1), (0, 0)), (lengths, dead)
+    assert [(letter["error"], letter["message"][:2]) for letter in dead] == [
+        ("unsupported_request", "n ")
+    ] * 3
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_an_echoed_completion_counts_only_the_tokens_the_engine_generated(tmp_path):
     """Never a made-up length. A /v1/completions request with `echo: true` gets its prompt back
     at the start of choices[0].text; with no usage logged, chat.generated_text counts the whole
     text, prompt included (10 tokens for 2 generated). Promised: the echoed request exports
-    the length of the same completion logged without echo."""
+    the length of the same completion logged without echo. Decided (docs/ANONYMIZE.md): a
+    row cannot say the engine echoed, so the echoed request is an unsupported_request letter
+    naming `echo`, the same completion without echo is exported."""
     prompt = "Write a haiku about the sea."
     echoed = {
         "timestamp": T0,
@@ -210,9 +214,12 @@ def test_an_echoed_completion_counts_only_the_tokens_the_engine_generated(tmp_pa
         "request": {"model": "m", "prompt": prompt},
         "response": {"created": T0 // 1000, "choices": [{"index": 0, "text": " one two"}]},
     }
-    code, rows, _ = _run(tmp_path, [echoed, plain])
+    code, rows, dead = _run(tmp_path, [echoed, plain], "--max-rejected-fraction", "1")
     assert code == 0
-    assert rows[0]["output_length"] == rows[1]["output_length"]
+    assert len(rows) == 1
+    assert [(letter["error"], letter["message"][:5]) for letter in dead] == [
+        ("unsupported_request", "echo ")
+    ]
 
 
 def test_an_embeddings_call_in_a_gateways_log_is_not_exported_as_a_chat(tmp_path):

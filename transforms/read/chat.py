@@ -451,9 +451,8 @@ def generated_text(response: Any) -> str | None:
 
 def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
     pieces: list[Any] = []
-    choices = chunk.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        choice = choices[0]
+    choice = _first_sequence(chunk.get("choices"))
+    if choice is not None:
         message = choice.get("message", choice.get("delta"))
         if isinstance(message, dict):
             pieces += message_pieces(message)
@@ -476,6 +475,15 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
                 else:
                     pieces.append(block.get("text", block.get("thinking")))
     return [p for p in pieces if isinstance(p, (str, dict, list))]
+
+
+def _first_sequence(choices: Any) -> dict[str, Any] | None:
+    """The choice of the first sequence generated (`index` 0, or none given): a streamed chunk
+    of a request of many carries any of them, in any order."""
+    for choice in choices if isinstance(choices, list) else ():
+        if isinstance(choice, dict) and choice.get("index") in (None, 0):
+            return choice
+    return None
 
 
 def message_pieces(message: dict[str, Any]) -> list[Any]:

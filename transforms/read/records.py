@@ -384,7 +384,8 @@ def _request(
         record = without_nulls(record)
     batch = record.get("custom_id") is not None
     body_field, body = _request_body(record, batch)
-    response = _response(record, batch)
+    # A Responses API stream's events read as its final response (read/streamed.py).
+    response = streamed.final_response(_response(record, batch))
 
     kind = options.input_format
     if kind == "auto":
@@ -394,6 +395,7 @@ def _request(
     if batch and body is record:
         raise Rejected("unjoined_batch", f"a Batch output line holds no request: {BATCH_JOIN}")
     _check_outcome(record, response)
+    _check_one_sequence(record, body)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
         budget = ContainerBudget(record_containers(options.max_record_bytes))
@@ -491,6 +493,34 @@ def _check_outcome(record: dict[str, Any], response: dict | list | None) -> None
         raise Rejected(
             "unsupported_request", f"the response is a {kind!r} object: not a generation"
         )
+
+
+# Sampling parameters by which the engine generates more than one sequence a request (their
+# count a value over 1) or sends the prompt back with what it generated (true): a trace row holds
+# one generated length, so no row could say what the engine did (docs/ANONYMIZE.md).
+MANY_SEQUENCES = ("n", "best_of")
+ECHO = "echo"
+
+
+def _check_one_sequence(record: dict[str, Any], body: dict[str, Any]) -> None:
+    """Refuse a request whose engine generates other than one sequence, the prompt not echoed
+    (the request's own fields, or LiteLLM's model_parameters beside its chat)."""
+    parameters = record.get("model_parameters") if body is record else None
+    for holder in (body, parameters if isinstance(parameters, dict) else {}):
+        for name in MANY_SEQUENCES:
+            value = holder.get(name)
+            if type(value) in (int, float) and value > 1:
+                raise Rejected(
+                    "unsupported_request",
+                    f"{name} {str(value)[:32]}: more than one sequence generated, and a trace "
+                    "row holds one",
+                )
+        if holder.get(ECHO) is True:
+            raise Rejected(
+                "unsupported_request",
+                f"{ECHO} true: the prompt sent back with what was generated, which a trace row "
+                "cannot tell apart",
+            )
 
 
 def _tools(record: dict[str, Any], body: dict[str, Any]) -> list | None:

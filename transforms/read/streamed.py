@@ -10,7 +10,8 @@ A text chunk, a null field read as an absent one (as the readers see it: records
 - not the first chunk (its `created` may date the request);
 - an object whose fields are in TEXT_CHUNK_FIELDS, each of a type given there (its labels
   any scalar, `choices` a list);
-- `choices` one object whose fields are in TEXT_CHOICE_FIELDS, each of a type given there;
+- `choices` one object whose fields are in TEXT_CHOICE_FIELDS, each of a type given there,
+  its `index` (if any) 0;
 - its `delta` an object whose fields are in TEXT_DELTA_FIELDS, each a string.
 So the declared shapes accept a text chunk (each field is of its declared type, none required
 is missing), it nests exactly as deep as the chunk merged from it, and it holds no usage,
@@ -22,13 +23,20 @@ records.request_from_object reads the record with the condensed list first and, 
 be refused, the whole list: a dead letter names what the whole list holds, at its index. The
 links (read/links.py: a text chunk's id names its request) are read from the list as logged,
 before it is condensed.
+
+A Responses API stream is logged as its events (`response.created` ... `response.completed`),
+the response's time, output and usage inside an event's `response` object: final_response reads
+such a list as its final response object, so every reader reads it as the response logged
+whole.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.chat import message_texts
+from kvtrace.transforms.read.shapes import RESPONSE_OBJECT, Path, spelled, type_name
 
 _SCALARS = frozenset({str, int, float, bool})
 # The fields a text chunk may hold and the types of each; any field may be null (absent). A
@@ -45,6 +53,56 @@ TEXT_CHOICE_FIELDS = {
 TEXT_DELTA_FIELDS = dict.fromkeys(
     ("role", "content", "reasoning", "reasoning_content"), frozenset({str})
 )
+
+
+RESPONSES_EVENT_PREFIX = "response."
+OUTPUT_TEXT_DELTA = "response.output_text.delta"
+
+
+def final_response(response: Any) -> Any:
+    """A Responses API stream logged as its events (each an object whose `type` starts with
+    RESPONSES_EVENT_PREFIX) as its final response: the last event's `response` object, held
+    to the response's shape, its output the output_text deltas merged when no such object
+    holds any; any other response as it is."""
+    if type(response) is not list or not response or not all(map(_is_event, response)):
+        return response
+    path: Path = (None, "response")
+    final: dict[str, Any] = {}
+    for index in range(len(response) - 1, -1, -1):
+        held = response[index].get("response")
+        if held is not None:
+            RESPONSE_OBJECT.check(held, ((path, index), "response"))
+            final = held
+            break
+    if final.get("output"):
+        return final
+    deltas = [
+        text
+        for index, event in enumerate(response)
+        if (text := _delta(event, (path, index))) is not None
+    ]
+    if not deltas:
+        return final
+    text = "".join(deltas)
+    item = {"type": "message", "content": [{"type": "output_text", "text": text}]}
+    return {**final, "output": [item]}
+
+
+def _is_event(event: Any) -> bool:
+    kind = event.get("type") if type(event) is dict else None
+    return type(kind) is str and kind.startswith(RESPONSES_EVENT_PREFIX)
+
+
+def _delta(event: dict[str, Any], path: Path) -> str | None:
+    """The text an output_text delta event generated; None from any other event."""
+    if event["type"] != OUTPUT_TEXT_DELTA:
+        return None
+    delta = event.get("delta")
+    if type(delta) is not str:
+        raise Rejected(
+            "wrong_type", f"{spelled((path, 'delta'))} is {type_name(delta)}, not a string"
+        )
+    return delta
 
 
 def condensed(chunks: list[Any]) -> list[Any] | None:
@@ -75,6 +133,8 @@ def chunk_texts(chunk: Any) -> tuple[str | None, str | None] | None:
         return None
     choice = choices[0]
     if type(choice) is not dict or not _holds_only(choice, TEXT_CHOICE_FIELDS):
+        return None
+    if choice.get("index"):  # another sequence's (an int, its type says): generated_text skips it
         return None
     delta = choice.get("delta")
     if delta is None or not _holds_only(delta, TEXT_DELTA_FIELDS):

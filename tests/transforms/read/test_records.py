@@ -738,3 +738,26 @@ def test_without_nulls_reaches_every_level():
         assert set(node) == {"down"} and node["down"][1] is None
         node = node["down"][0]
     assert node == {"kept": 1}
+
+
+@pytest.mark.parametrize("parameters", [{"n": 2}, {"best_of": 3}, {"n": 2.0}, {"echo": True}])
+@pytest.mark.parametrize("where", ["top", "request", "model_parameters"])
+def test_a_request_of_many_sequences_or_an_echo_is_unsupported(parameters, where):
+    """A trace row holds one generated length: wherever the request says it, refused."""
+    if where == "top":
+        record = {"messages": USER, **TS, **parameters}
+    elif where == "request":
+        record = {"request": {"prompt": "hi", **parameters}, **TS}
+    else:
+        record = {"messages": USER, **TS, "model_parameters": parameters}
+    with pytest.raises(Rejected) as caught:
+        parse(record)
+    assert caught.value.reason == "unsupported_request"
+    assert caught.value.message.startswith(next(iter(parameters)) + " ")
+
+
+@pytest.mark.parametrize(
+    "parameters", [{"n": 1}, {"best_of": 1}, {"n": None}, {"echo": False}, {"n": True}]
+)
+def test_one_sequence_not_echoed_is_read(parameters):
+    assert parse({"request": {"prompt": "hi", **parameters}, **TS}).prompt == "hi"

@@ -3,6 +3,7 @@ record reads exactly as with the whole list of chunks, Request or dead letter al
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -18,7 +19,7 @@ from kvtrace.transforms.read.records import (
     parse_record,
     request_from_object,
 )
-from kvtrace.transforms.read.streamed import condensed
+from kvtrace.transforms.read.streamed import condensed, final_response
 
 
 def text_chunk(content: Any = "ab ", **choice: Any) -> dict[str, Any]:
@@ -50,6 +51,7 @@ OTHER_CHUNKS = {
     "message": {"choices": [{"message": {"content": "whole"}}]},
     "output": {"output": [{"type": "message", "content": [{"type": "output_text", "text": "o"}]}]},
     "two_choices": text_chunk() | {"choices": [{"delta": {"content": "a"}}] * 2},
+    "second_sequence": text_chunk("other", index=1),
     "logprobs": text_chunk(logprobs={"content": []}),
     "nested_label": text_chunk() | {"system_fingerprint": {"a": [1]}},
     "index_string": text_chunk(index="0"),
@@ -217,3 +219,73 @@ def test_a_merged_text_chunks_id_still_names_its_request() -> None:
     chunks = [{"choices": [{"delta": {"role": "assistant"}}]}, text_chunk("a"), text_chunk("b")]
     request = assert_reads_as_whole(record(chunks), ParseOptions(links=True))
     assert isinstance(request, Request) and request.links == ("response:chatcmpl-1",)
+
+
+def test_a_chunk_of_another_sequence_adds_no_generated_text() -> None:
+    chunks = [text_chunk("a"), text_chunk("b", index=1), text_chunk("c")]
+    request = assert_reads_as_whole(record(chunks))
+    assert isinstance(request, Request) and request.output_text == "ac"
+
+
+# ---- A Responses API stream logged as its events ----------------------------------------------
+
+CREATED_AT = 1_767_225_600
+OUTPUT = [{"type": "message", "content": [{"type": "output_text", "text": "one two"}]}]
+
+
+def responses_events(final: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """A stream's events: created (an empty output), two output_text deltas, completed holding
+    `final` over the created response (no completed event when None)."""
+    response = {"id": "resp_1", "object": "response", "created_at": CREATED_AT}
+    events = [
+        {"type": "response.created", "response": {**response, "output": []}},
+        {"type": "response.output_text.delta", "item_id": "m", "delta": "one "},
+        {"type": "response.output_text.delta", "item_id": "m", "delta": "two"},
+    ]
+    if final is not None:
+        events.append({"type": "response.completed", "response": {**response, **final}})
+    return events
+
+
+def read_value(value: dict[str, Any]) -> Request | tuple[str, str]:
+    return read(json.dumps(value).encode(), ParseOptions())
+
+
+def test_a_responses_stream_reads_as_its_final_response_logged_whole() -> None:
+    final = {"output": OUTPUT, "usage": {"output_tokens": 2}, "completed_at": CREATED_AT + 3}
+    events = responses_events(final)
+    assert final_response(events) == events[-1]["response"]
+    streamed = read_value(record(events, timestamp=None))
+    whole = read_value(record(events[-1]["response"], timestamp=None))
+    assert isinstance(streamed, Request) and isinstance(whole, Request)
+    assert (streamed.output_length, streamed.timestamp_ms, streamed.response_ms) == (
+        2,
+        CREATED_AT * 1000,
+        3000,
+    )
+    assert dataclasses.replace(streamed, line=whole.line) == whole
+
+
+@pytest.mark.parametrize("final", [None, {"status": "incomplete"}])
+def test_a_responses_stream_without_final_output_reads_its_deltas(final: Any) -> None:
+    request = read_value(record(responses_events(final), timestamp=None))
+    assert isinstance(request, Request)
+    assert (request.output_text, request.timestamp_ms) == ("one two", CREATED_AT * 1000)
+
+
+def test_a_responses_streams_final_response_is_held_to_the_response_shape() -> None:
+    events = responses_events({"usage": {"output_tokens": "2"}})
+    reason, message = read_value(record(events))
+    assert reason == "wrong_type" and message.startswith("response[3].response.usage")
+
+
+def test_a_responses_streams_delta_of_no_text_is_refused_naming_it() -> None:
+    events = responses_events()
+    events[2]["delta"] = ["two"]
+    assert read_value(record(events)) == ("wrong_type", "response[2].delta is a list, not a string")
+
+
+def test_a_list_not_all_responses_events_is_left_as_it_is() -> None:
+    chunks = [*responses_events(), text_chunk("a")]
+    assert final_response(chunks) is chunks
+    assert final_response([]) == []
