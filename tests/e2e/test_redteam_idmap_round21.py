@@ -141,7 +141,6 @@ _FOLDING_EVERY_2_NIGHTS = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_folding_night_reads_no_segment_footer_before_it_is_verified(tiny_tokenizer, tmp_path):
     """Promise (brief; docs/ID_MAP.md 'What a read checks', 6): bounded memory when reading a
     map of huge claimed sizes; a segment file is read unit by unit, its size and footer checked
