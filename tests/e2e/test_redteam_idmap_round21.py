@@ -50,7 +50,6 @@ def _map_of_nights(tokenizer: str, tmp_path: Path, nights: int) -> list[str]:
     return common
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_record_of_empty_lists_in_a_versions_place_is_refused_in_bounded_memory(
     tiny_tokenizer, tmp_path
 ):
