@@ -50,7 +50,6 @@ def _map_of_nights(tokenizer: str, tmp_path: Path, nights: int) -> list[str]:
     return common
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_record_of_empty_lists_in_a_versions_place_is_refused_in_bounded_memory(
     tiny_tokenizer, tmp_path
 ):
@@ -141,7 +140,6 @@ _FOLDING_EVERY_2_NIGHTS = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_folding_night_reads_no_segment_footer_before_it_is_verified(tiny_tokenizer, tmp_path):
     """Promise (brief; docs/ID_MAP.md 'What a read checks', 6): bounded memory when reading a
     map of huge claimed sizes; a segment file is read unit by unit, its size and footer checked

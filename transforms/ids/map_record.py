@@ -8,9 +8,10 @@ run's salt, distinct from the block hashes' chain seed (map_key). A record alter
 (segments swapped between shards with their checksums recomputed, next_id edited) is then
 refused as surely as a damaged one.
 
-Reading accepts only what kvtrace writes: the MAC is checked before any field is used, then the
-bytes must be the ones kvtrace would write for that content (one canonical form), no key may
-repeat, be missing or be unknown, and every field must have its type (an int is not a bool, a
+Reading accepts only what kvtrace writes: the MAC is checked on the bytes as stored before
+anything parses them (what an unkeyed writer puts there costs its bytes, never their parse),
+then the bytes must be the ones kvtrace would write for that content (one canonical form), no
+key may repeat, be missing or be unknown, and every field must have its type (an int is not a bool, a
 float or a string) and lie within its range. Format 3 records (a sha256 of their own, no MAC,
 so anyone can rewrite one) are refused wherever they appear: a keyed map's record downgraded to
 format 3 is an edit. A map written before keying is keyed once, on purpose (read_keyless_record
@@ -34,6 +35,7 @@ from kvtrace.transforms.encode.blocks import salt_fingerprint
 from kvtrace.transforms.errors import IdMapError
 from kvtrace.transforms.ids.dense_ids import MAX_HASH_SHARDS
 from kvtrace.transforms.ids.segments import index_path
+from kvtrace.transforms.read.json_tree import containers_over
 from kvtrace.transforms.read.timestamps import (
     DAY_MS,
     EPOCH,
@@ -75,6 +77,10 @@ MAX_IDS = 1 << 40
 MAX_VERSION = 999_999  # version files are named by six digits
 # The record of the largest map (33 segments x 4096 shards per kind) is ~150 MB.
 MAX_RECORD_BYTES = 256 << 20
+# Objects and lists in the largest record: 3 per history entry (one a version) and one per
+# checksum (a segment file and its index, 33 x 4096 per kind). What a record not verified by
+# its MAC may parse to (json_tree.containers_over): ~64 bytes of Python each.
+MAX_RECORD_CONTAINERS = 3 * MAX_VERSION + 4 * 33 * MAX_HASH_SHARDS + 64
 MAX_BLOCK_SIZE = 1 << 20  # the CLI's bound
 SEGMENT_NAME = re.compile(r"segments/(\d{6})-[0-9a-f]{12}/(blocks|sessions)-(\d{5})\.parquet")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -137,28 +143,97 @@ def read_record(
     raw: bytes, where: str, key: MapKey, below_is_keyed: Callable[[], bool] = lambda: False
 ) -> dict[str, Any]:
     """A version record's fields, verified by its MAC and checked field by field; any doubt
-    (a format-3 record included) is a one-line IdMapError naming the file. below_is_keyed
-    tells whether the version below this one is keyed: a format-3 record above a keyed one
-    is no map as written (keying keys a format-3 map whole, newest first), so it is an edit,
-    never one to key."""
+    (a format-3 record included) is a one-line IdMapError naming the file. The MAC is checked on
+    the bytes as stored before anything parses them (_signed_by): what an unkeyed writer puts
+    in a version's place costs its bytes to read, never their parse. below_is_keyed tells
+    whether the version below this one is keyed: a format-3 record above a keyed one is no map
+    as written (keying keys a format-3 map whole, newest first), so it is an edit, never one
+    to key."""
+    if len(raw) > MAX_RECORD_BYTES:
+        raise _altered(where, f"over {MAX_RECORD_BYTES} bytes")
+    mac = _signed_by(raw, key)
+    if mac is None:
+        raise _unverified(raw, where, key, below_is_keyed)
+    data = _checked_format(_loaded(raw, where), where)
+    if data.get("mac") != mac:
+        raise _altered(where, "its MAC is not the record's own")
+    if raw != record_bytes(data):
+        raise _altered(where, "its bytes are not the form kvtrace writes")
+    _check_fields(data, where)
+    return data
+
+
+# A record's MAC as record_bytes writes it: a member of the top-level object, never its first
+# (checksums sorts before it in every keyed format).
+_MAC_MEMBER = re.compile(rb',"mac":"([0-9a-f]{64})"')
+# What is left of JSON text once every escape is gone and all but quotes and brackets deleted:
+# strings (now holding brackets only) to remove before the brackets are counted.
+_NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in b'"[]{}')
+_BRACKETS_IN_STRING = re.compile(rb'"[^"]*"')
+
+
+def _signed_by(raw: bytes, key: MapKey) -> str | None:
+    """The record's MAC when it verifies over the bytes it covers: the record as stored with
+    its top-level mac member cut out (keyed wrote the MAC over exactly those bytes); else None.
+    Only the first member named mac at depth 1 is tried (chat_template_kwargs, before it, may
+    hold one too): one HMAC, linear time, no parse. A cut of bytes kvtrace did not write fails
+    the MAC; one it did write is the record's own, which read_record confirms parsed."""
+    view, depth, start = memoryview(raw), 0, 0
+    for member in _MAC_MEMBER.finditer(raw):
+        depth += _depth_change(raw[start : member.start()])
+        start = member.end()
+        if depth == 1:
+            signed = hmac.new(key.mac, view[: member.start()], hashlib.sha256)
+            signed.update(view[member.end() :])
+            mac = member[1].decode()
+            return mac if hmac.compare_digest(signed.hexdigest(), mac) else None
+    return None
+
+
+def _depth_change(text: bytes) -> int:
+    """How much deeper JSON text ends than it starts, brackets in strings not counted: at C
+    speed (a record is ~150 MB at most), its escapes removed first so every quote left is one
+    that opens or closes a string."""
+    text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    text = text.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
+    text = _BRACKETS_IN_STRING.sub(b"", text)
+    return text.count(b"[") + text.count(b"{") - text.count(b"]") - text.count(b"}")
+
+
+def _unverified(
+    raw: bytes, where: str, key: MapKey, below_is_keyed: Callable[[], bool]
+) -> IdMapError:
+    """Why a record's MAC did not verify, told from its fields parsed within the bound of an
+    unverified record (_parsed): a format-3 record, another salt's, or an altered one."""
     data = _parsed(raw, where)
     if data["format_version"] == KEYLESS_FORMAT:
         if below_is_keyed():
-            raise IdMapError(
+            return IdMapError(
                 f"{where} is of id map format {KEYLESS_FORMAT} above a keyed version: kvtrace "
                 f"never writes that, so the map was edited (keying it would publish the "
                 f"edit). Restore the id map from a backup; nothing was read or written."
             )
-        raise IdMapError(
+        return IdMapError(
             f"{where} is of id map format {KEYLESS_FORMAT}: unkeyed, so anyone can rewrite it, "
             f"and a keyed map's record rewritten so is an edit. If this map was built before "
             f"keying, key it once with its salt (kvtrace id-map upgrade MAP --salt-file ...; "
             f"docs/ID_MAP.md, 'Format 3 maps'); otherwise "
             f"restore the id map from a backup. Nothing was read or written."
         )
-    _verify_mac(data, raw, where, key)
-    _check_fields(data, where)
-    return data
+    if _content_verifies(data, key, where):
+        return _altered(where, "its bytes are not the form kvtrace writes")
+    named = data.get("salt_fingerprint")
+    hint = (
+        f" (it names salt fingerprint {str(named)[:16]}, this run's salt has "
+        f"{key.salt_fingerprint})"
+        if named != key.salt_fingerprint
+        else ""
+    )
+    return IdMapError(
+        f"{where}: its MAC does not verify with this run's salt: either the salt is not the "
+        f"map's{hint}, or the map was damaged or altered. Run with the salt the map was built "
+        f"with, or restore the id map from a backup; nothing was read or written."
+    )
 
 
 def read_keyless_record(raw: bytes, where: str) -> dict[str, Any]:
@@ -185,11 +260,31 @@ def format_of(raw: bytes, where: str) -> int:
 
 
 def _parsed(raw: bytes, where: str) -> dict[str, Any]:
-    """The record's JSON, bounded, of a format this kvtrace knows (its fields not yet trusted)."""
+    """The JSON of a record not verified (yet, or ever: format 3), bounded: at most
+    MAX_RECORD_BYTES and MAX_RECORD_CONTAINERS, of a format this kvtrace knows (its fields not
+    yet trusted)."""
     if len(raw) > MAX_RECORD_BYTES:
         raise _altered(where, f"over {MAX_RECORD_BYTES} bytes")
+    containers = containers_over(raw, MAX_RECORD_CONTAINERS)
+    if containers is not None:
+        raise _altered(
+            where,
+            f"{containers} objects and lists, over the {MAX_RECORD_CONTAINERS} a record holds",
+        )
+    return _checked_format(_loaded(raw, where), where)
+
+
+def unverified_json(raw: bytes) -> Any:
+    """A record's JSON before (or without) its verification, within the bound of _parsed;
+    ValueError when it is over it or no JSON."""
+    if len(raw) > MAX_RECORD_BYTES or containers_over(raw, MAX_RECORD_CONTAINERS) is not None:
+        raise ValueError("over the bounds of a record")
+    return json.loads(raw)
+
+
+def _loaded(raw: bytes, where: str) -> Any:
     try:
-        data = json.loads(
+        return json.loads(
             raw,
             object_pairs_hook=_no_repeated_keys,
             parse_constant=_no_constant,
@@ -197,6 +292,10 @@ def _parsed(raw: bytes, where: str) -> dict[str, Any]:
         )
     except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
         raise _altered(where, f"not JSON kvtrace wrote: {str(err)[:80]}") from None
+
+
+def _checked_format(data: Any, where: str) -> dict[str, Any]:
+    """A record of a format this kvtrace reads (its other fields not yet checked)."""
     if not isinstance(data, dict) or data.get("format") != MAP_FORMAT:
         raise IdMapError(f"{where} is not a kvtrace id map version")
     form = data.get("format_version")
@@ -245,29 +344,16 @@ def origin_kind(origin_ms: int | None) -> str | None:
     return None if origin_ms is None else timestamp_kind(origin_ms)
 
 
-def _verify_mac(data: dict[str, Any], raw: bytes, where: str, key: MapKey) -> None:
-    content = {k: v for k, v in data.items() if k != "mac"}
+def _content_verifies(data: dict[str, Any], key: MapKey, where: str) -> bool:
+    """Whether the content parsed verifies by the MAC it names, written as kvtrace writes it:
+    then the salt is the map's and only the bytes' form was changed."""
     mac = data.get("mac")
     try:
-        expected = _mac(content, key)
+        expected = _mac({k: v for k, v in data.items() if k != "mac"}, key)
     except (ValueError, RecursionError) as err:  # nesting deeper than the encoder's limit
         raise _altered(where, str(err)[:80]) from None
     # compare_digest takes ASCII strings only: a MAC of other characters is no MAC.
-    if not _is_hex64(mac) or not hmac.compare_digest(mac, expected):
-        named = content.get("salt_fingerprint")
-        hint = (
-            f" (it names salt fingerprint {str(named)[:16]}, this run's salt has "
-            f"{key.salt_fingerprint})"
-            if named != key.salt_fingerprint
-            else ""
-        )
-        raise IdMapError(
-            f"{where}: its MAC does not verify with this run's salt: either the salt is not the "
-            f"map's{hint}, or the map was damaged or altered. Run with the salt the map was built "
-            f"with, or restore the id map from a backup; nothing was read or written."
-        )
-    if raw != record_bytes(data):
-        raise _altered(where, "its bytes are not the form kvtrace writes")
+    return _is_hex64(mac) and hmac.compare_digest(mac, expected)
 
 
 def _altered(where: str, why: str) -> IdMapError:

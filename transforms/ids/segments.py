@@ -383,8 +383,17 @@ def _batches(segment: SegmentFile) -> Iterator[np.ndarray]:
 
 
 def _row_count(segment: SegmentFile) -> int:
-    with _opened(segment.path) as handle:
-        return pq.ParquetFile(handle).metadata.num_rows
+    """The file's rows, from its footer only once verified (as any read of it verifies it)."""
+    index = read_index(segment)
+    try:
+        if index.group_sha256 is None:
+            _verify_whole(segment)
+            with _opened(segment.path) as handle:
+                return pq.ParquetFile(handle).metadata.num_rows
+        with _opened(segment.path) as handle:
+            return _VerifiedFile(handle, segment, index).metadata.num_rows
+    except (OSError, pa.ArrowException) as err:
+        raise damaged(segment.path, str(err)) from None
 
 
 def read_index(segment: SegmentFile) -> Index:

@@ -45,3 +45,53 @@ def test_records_read_are_bounded_in_size(monkeypatch):
     monkeypatch.setattr(map_record, "MAX_RECORD_BYTES", 1024)
     with pytest.raises(IdMapError, match="over"):
         read_record(b" " * 1025, "versions/000001.json", KEY)
+
+
+def _keyed_record(kwargs: dict) -> bytes:
+    identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", kwargs)
+    start = {"block_ids_from": 0, "sessions_from": 0, "time_from_ms": 0}
+    version = id_map.next_version(
+        "m",
+        id_map.empty_version(identity),
+        {"blocks": [], "sessions": []},
+        {"blocks": 1, "sessions": 0},
+        False,
+        4,
+        0,
+        id_map.Night(start, "a" * 64),
+        id_map.NightTimes({3: 1}, 0),
+    )
+    return id_map.version_bytes(version, KEY)
+
+
+def test_the_mac_verified_is_the_records_own_member_not_one_nested_before_it():
+    """chat_template_kwargs sort before the record's mac and may hold a member of that name,
+    and brackets in their strings: the MAC is the top level's (brackets counted outside
+    strings), so the record reads, and a copy of it keyed by another salt does not."""
+    kwargs = {"a": "]]}", "mac": "ab" * 32, "z": ["[{", {"b": 1, "mac": "cd" * 32}]}
+    raw = _keyed_record(kwargs)
+    assert raw.count(b',"mac":"') == 3 and raw.index(b',"mac":"') < raw.index(b'"history"')
+    assert read_record(raw, "v", KEY)["chat_template_kwargs"] == kwargs
+    with pytest.raises(IdMapError, match="MAC does not verify"):
+        read_record(raw, "v", map_key(SALT + b"!"))
+
+
+def test_a_record_is_not_parsed_past_an_unverified_records_bounds(monkeypatch):
+    """Unverified bytes (no MAC that verifies) parse only within MAX_RECORD_CONTAINERS: over
+    it, every reader of a record refuses it, or reads no chain from it, before json.loads."""
+    from kvtrace.transforms.ids import anchor
+
+    monkeypatch.setattr(map_record, "MAX_RECORD_CONTAINERS", 10)
+    parses = []
+    monkeypatch.setattr(map_record.json, "loads", lambda *a, **k: parses.append(a))
+    lists = b'{"format":"kvtrace-id-map","format_version":7,"previous_sha256":"' + b"a" * 64
+    lists += b'","x":[' + b"[]," * 10 + b"[]]}\n"
+    for read in (
+        lambda: read_record(lists, "versions/000002.json", KEY),
+        lambda: map_record.format_of(lists, "versions/000002.json"),
+        lambda: map_record.read_keyless_record(lists, "versions/000002.json"),
+    ):
+        with pytest.raises(IdMapError, match="000002.json.*13 objects and lists"):
+            read()
+    assert anchor.previous_sha256(lists) is None
+    assert parses == []
