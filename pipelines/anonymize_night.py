@@ -268,8 +268,11 @@ def pass_gate(
     origin_ms: int | None,
 ) -> RecordCounts:
     """The night's record counts, once it may publish: not too much of its input rejected
-    (--max-rejected-fraction, saying the top reasons), no request before the clock's origin.
-    Raises JobStopped before any trace file is written otherwise."""
+    (--max-rejected-fraction, saying the top reasons), its timestamps of the id map's kind, no
+    request before the clock's origin. Raises JobStopped before any trace file is written
+    otherwise (epoch dates counted from a relative map's origin would not fit a trace row)."""
+    if config.id_map is not None:
+        id_map.check_night_kind(config.id_map.directory, config.id_map.base, earliest_ms)
     counts = check_rejected_fraction(
         RecordCounts(
             read,
