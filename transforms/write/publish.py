@@ -1339,7 +1339,9 @@ class DeadLetterRun:
     a hard end's registry only once the folder is gone unpublished), so an identity is never
     taken for a later folder's. So a run that fails after publishing (a full disk while it
     tidies up) still publishes its letters, a run that fails before publishes none (its rerun
-    writes them), and a run killed in between is settled by the next run of that output,
+    writes them: a step of the settle that fails is settled once more, before the run's
+    failure removes its staged folder, and a drop first has the letters name no folder, so
+    what a failed removal leaves a run of the output drops), and a run killed in between is settled by the next run of that output,
     whatever its dead-letter folder. Object stores keep no identity: there the run's own word
     decides, and a killed run's letters go.
     """
@@ -1402,7 +1404,16 @@ class DeadLetterRun:
         a stop waits for it, so the letters are settled whole."""
         with publication(_letters_standing(self.folder, self.run_id)):
             if self.pointer is not None:
-                published = settle_pointed_letters(self.pointer, self.output)
+                try:
+                    published = settle_pointed_letters(self.pointer, self.output)
+                except OSError:
+                    # Once more, from what stands, before the run's failure removes the
+                    # folder its pointer is told by (run_folders): a rerun could no longer
+                    # tell these letters unpublished, and they would be left for ever. The
+                    # failure stays the run's.
+                    with suppress(OSError):
+                        settle_pointed_letters(self.pointer, self.output)
+                    raise
             else:
                 published = _settle_staged(
                     self.folder, self.run_id, self.staging, publish=run_succeeded
@@ -1522,6 +1533,11 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> lis
         for name, final in staged
         if publish and storage.exists(storage.join(staging, name))
     ]
+    if not publish and not is_url(staging):
+        # Naming no folder first: whatever a failed removal leaves, a rerun drops
+        # (recover_letters), never takes for a published folder's.
+        with suppress(FileNotFoundError, NotADirectoryError):
+            os.remove(os.path.join(staging, DeadLetterRun.PUBLISHES))
     if renames:
         with publication(_letters_standing(folder, run_id)) as published:
             for source, destination in renames:

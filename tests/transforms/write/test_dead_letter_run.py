@@ -343,3 +343,54 @@ def test_a_hard_end_removes_the_dead_letter_folder_the_run_made_only(
     storage.remove_leftovers()
     assert (tmp_path / "D").is_dir() is existed
     assert _tree(tmp_path / "D") == []
+
+
+def _failing_once(function, path: str):
+    """function, failing once as on a full disk when called on path."""
+    failed: list[str] = []
+
+    def step(*args, **kwargs):
+        if os.fspath(args[0]) == path and not failed:
+            failed.append(path)
+            raise OSError(28, "No space left on device")
+        return function(*args, **kwargs)
+
+    return step
+
+
+@pytest.mark.parametrize("failing", ["letters", "publishes", "pointer"])
+def test_a_failed_runs_letters_go_whichever_step_of_their_drop_fails(
+    tmp_path, monkeypatch, failing
+):
+    """The failed run's cleanup removes its staged output after the settle (storage.run_folders):
+    letters still staged then would name a folder that is gone, which a rerun takes for a
+    published one moved away, and they would stay for ever (the crash-point harness, ENOSPC at
+    the letters' removal)."""
+    run, staging = _staged_run(tmp_path, "D", "aaaaaaaaaaaa")
+    if failing == "letters":
+        monkeypatch.setattr(shutil, "rmtree", _failing_once(shutil.rmtree, run.staging))
+    else:
+        path = (
+            os.path.join(run.staging, DeadLetterRun.PUBLISHES)
+            if failing == "publishes"
+            else staging + LETTERS_POINTER
+        )
+        monkeypatch.setattr(os, "remove", _failing_once(os.remove, path))
+    with pytest.raises(OSError):  # the failure is said, its letters gone all the same
+        run.settle(run_succeeded=False)
+    monkeypatch.undo()
+    shutil.rmtree(staging)
+    _next_run_of_out(tmp_path, "D")
+    assert _tree(tmp_path / "D") == []
+    assert _pointers(tmp_path) == []
+
+
+def test_letters_a_drop_left_name_no_folder_and_the_next_run_drops_them(tmp_path, monkeypatch):
+    run, staging = _staged_run(tmp_path, "D", "aaaaaaaaaaaa")
+    monkeypatch.setattr(shutil, "rmtree", lambda path, ignore_errors=False: None)  # said nothing
+    assert run.settle(run_succeeded=False) == []
+    monkeypatch.undo()
+    assert _tree(run.staging) == [DEAD_LETTER_FILE]
+    shutil.rmtree(staging)
+    _next_run_of_out(tmp_path, "D")
+    assert _tree(tmp_path / "D") == []
