@@ -794,7 +794,8 @@ def check_listed_files(
         if folders is None or name.split("/")[1] in folders
         for n in (name, relative_index(name))
     )
-    for folder in ["segments", *sorted({"/".join(n.split("/")[:2]) for n in listed})]:
+    folders_listed = sorted({"/".join(n.split("/")[:2]) for n in listed})
+    for folder in (["segments"] if listed else []) + folders_listed:
         _check_entry(directory, folder, version, stat.S_ISDIR, "a folder")
     for name in listed:
         size = _check_entry(directory, name, version, stat.S_ISREG, "a regular file")

@@ -531,3 +531,13 @@ def test_a_link_in_the_map_is_refused_and_nothing_through_it_is_deleted(tmp_path
     with contextlib.suppress(IdMapError):  # cleanup walks segments/ only: refused or not, ...
         id_map.discard_abandoned(str(directory), version, KEY)
     assert kept.is_file()  # ... it deletes nothing through a link
+
+
+def test_a_map_whose_versions_list_no_file_needs_no_segments_folder(tmp_path):
+    _map_of_nights(tmp_path, "a")
+    identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
+    version = id_map.open_map(str(tmp_path), identity, KEY)
+    assert version.version == 1 and not (tmp_path / "segments").exists()
+    id_map.check_listed_files(str(tmp_path), version)
+    id_map.finish_interrupted_commit(str(tmp_path), version)
+    assert not (tmp_path / "segments").exists()
