@@ -81,7 +81,6 @@ def test_a_record_of_empty_lists_in_a_versions_place_is_refused_in_bounded_memor
     assert not (tmp_path / "out2").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_dangling_link_in_the_next_versions_place_is_refused_as_the_map_opens(
     tiny_tokenizer, tmp_path
 ):
@@ -106,7 +105,6 @@ def test_a_dangling_link_in_the_next_versions_place_is_refused_as_the_map_opens(
     assert not (tmp_path / "out2").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_map_missing_a_listed_segment_folder_is_not_extended(tiny_tokenizer, tmp_path):
     """Promise (brief, docs/ID_MAP.md): a damaged map is refused in one line, never silently
     extended; 'Deleting files is noticed'. But a night checks a segment file only if it reads
@@ -181,7 +179,6 @@ def _newest_folder_unmarked(tmp_path: Path) -> Path:
     return mark
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_fifo_in_a_committed_marks_place_is_one_line_not_a_hang(tiny_tokenizer, tmp_path):
     """Promise (brief; docs/BOUNDS.md 'id map file read': a FIFO in a map file's place is
     refused in one line; round 6 made every read of the map do so): never a hang. But as the
@@ -201,7 +198,6 @@ def test_a_fifo_in_a_committed_marks_place_is_one_line_not_a_hang(tiny_tokenizer
     assert done.returncode != 0 and "COMMITTED" in done.stderr, done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_link_in_a_committed_marks_place_makes_no_file_outside_the_map(tiny_tokenizer, tmp_path):
     """Promise (docs/BOUNDS.md 'id map file read': a link in a map file's place is refused,
     its own link not followed; docs/ID_MAP.md: whoever writes only the map's files cannot make
@@ -216,7 +212,6 @@ def test_a_link_in_a_committed_marks_place_makes_no_file_outside_the_map(tiny_to
     assert not outside.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 21")
 def test_a_link_in_place_of_segments_deletes_no_other_maps_files(tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md 'What this gives': whoever can write the map's files only can
     deny that map, nothing more; docs/BOUNDS.md: a link in a map file's place is refused). As

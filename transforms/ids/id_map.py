@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,7 +57,7 @@ from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids.anchor import advance_anchor, check_anchor, descends, rebind
 from kvtrace.transforms.ids.dense_ids import NUMBERED
 from kvtrace.transforms.ids.exclusive import create_exclusive, replace_file
-from kvtrace.transforms.ids.map_files import map_file_exists, open_map_file
+from kvtrace.transforms.ids.map_files import create_mark, map_file_exists, open_map_file
 from kvtrace.transforms.ids.map_record import (
     FORMAT_VERSION,
     KEYLESS_FORMAT,
@@ -723,14 +724,111 @@ def _missing_versions(committed: list[int]) -> list[int]:
 def _names(directory: str, folder: str, pattern: str) -> list[str]:
     """The files of the map's folder whose names match pattern, a glob of kvtrace's own names
     one level per `/` (`*/COMMITTED`: a/COMMITTED), relative to the folder. The map's path is
-    taken as spelled (storage.files_in), never as a pattern: a map may be named m[1]."""
+    taken as spelled (storage.files_in), never as a pattern: a map may be named m[1]. Locally
+    no link is followed (_local_names): what is listed is what is deleted."""
     levels = pattern.split("/")
+    top = storage.join(directory, folder)
+    if not storage.is_url(top):
+        return _local_names(directory, folder, levels)
     return [
         name
-        for name in storage.files_in(storage.join(directory, folder), nested=len(levels) > 1)
+        for name in storage.files_in(top, nested=len(levels) > 1)
         if len(name.split("/")) == len(levels)
         and all(map(fnmatch.fnmatchcase, name.split("/"), levels))
     ]
+
+
+def _local_names(directory: str, folder: str, levels: list[str]) -> list[str]:
+    """_names of a local map, each entry looked at without following it (lstat): the folder and
+    every entry a level before the last names must be a real folder, every entry the last names
+    a regular file, as kvtrace writes them; anything else (a link, a FIFO) is the map damaged,
+    refused in one line, so no walk reaches, and no delete touches, anything outside the map."""
+    top = os.path.join(directory, folder)
+    try:
+        if not stat.S_ISDIR(os.lstat(top).st_mode):
+            raise _unfit_entry(directory, folder, "a folder")
+    except FileNotFoundError:
+        return []
+    names = [""]
+    for depth, level in enumerate(levels):
+        wanted = "a regular file" if depth == len(levels) - 1 else "a folder"
+        found = []
+        for prefix in names:
+            try:
+                with os.scandir(os.path.join(top, prefix)) as entries:
+                    listed = [e for e in entries if fnmatch.fnmatchcase(e.name, level)]
+            except FileNotFoundError:  # a live run's folder, removed meanwhile
+                continue
+            for entry in listed:
+                name = f"{prefix}/{entry.name}" if prefix else entry.name
+                fits = entry.is_file if wanted == "a regular file" else entry.is_dir
+                if entry.is_symlink() or not fits(follow_symlinks=False):
+                    raise _unfit_entry(directory, f"{folder}/{name}", wanted)
+                found.append(name)
+        names = found
+    return sorted(names)
+
+
+def _unfit_entry(directory: str, name: str, wanted: str) -> IdMapError:
+    return IdMapError(
+        f"the id map {directory} is damaged: {name[:120]} is not {wanted} (a link, FIFO or "
+        f"other thing kvtrace never writes there). Restore the id map from a backup; nothing "
+        f"was read or written."
+    )
+
+
+def check_listed_files(
+    directory: str, version: MapVersion, folders: set[str] | None = None
+) -> None:
+    """Refuse a local map missing what its version lists: every segment folder (of `folders`,
+    None: all) a real folder, every file listed there a regular file of its recorded size (one
+    lstat each, no link followed). A night reads only the shards its keys fall in, so damage
+    elsewhere would otherwise be carried into the next version. An object store's files are
+    checked as they are read (segments.SegmentFile)."""
+    if storage.is_url(directory) or version.version == 0:
+        return
+    listed = sorted(
+        n
+        for kind in KINDS
+        for name in version.files[kind]
+        if folders is None or name.split("/")[1] in folders
+        for n in (name, relative_index(name))
+    )
+    folders_listed = sorted({"/".join(n.split("/")[:2]) for n in listed})
+    for folder in (["segments"] if listed else []) + folders_listed:
+        _check_entry(directory, folder, version, stat.S_ISDIR, "a folder")
+    for name in listed:
+        size = _check_entry(directory, name, version, stat.S_ISREG, "a regular file")
+        if size != version.checksums[name]["bytes"]:
+            raise _damaged_listing(
+                directory,
+                name,
+                version,
+                f"{size} bytes, not the {version.checksums[name]['bytes']} recorded",
+            )
+
+
+def _check_entry(
+    directory: str, name: str, version: MapVersion, fits: Callable[[int], bool], wanted: str
+) -> int:
+    """The size of what is at name, once it is found to be what fits says (lstat)."""
+    try:
+        status = os.lstat(os.path.join(directory, name))
+    except FileNotFoundError:
+        raise _damaged_listing(directory, name, version, "missing") from None
+    except OSError as err:
+        raise _damaged_listing(directory, name, version, f"unreadable ({err})") from None
+    if stat.S_ISLNK(status.st_mode) or not fits(status.st_mode):
+        raise _damaged_listing(directory, name, version, f"not {wanted} (a link?)")
+    return status.st_size
+
+
+def _damaged_listing(directory: str, name: str, version: MapVersion, what: str) -> IdMapError:
+    return IdMapError(
+        f"the id map {directory} is damaged: {name}, which its version {version.version} "
+        f"lists, is {what}; the map is not extended over it. Restore the id map from a "
+        f"backup; nothing was read or written."
+    )
 
 
 def _current_hint(pointer: str) -> int | None:
@@ -1110,8 +1208,7 @@ def publish(
     if not create_exclusive(path, metadata, lambda: record.append(new.version)):
         raise _extended(directory, base)
     for folder in _new_folders(directory, base, new):
-        with storage.create(storage.join(folder, COMMITTED_MARK), private=True):
-            pass
+        _mark_committed(folder)
     _switch_current(directory, new.version)
     return metadata
 
@@ -1132,17 +1229,29 @@ def _extended(directory: str, base: MapVersion) -> JobStopped:
 
 def finish_interrupted_commit(directory: str, current: MapVersion) -> None:
     """Roll forward what a run killed after its commit left undone: the committed marks of the
-    published version's segment folders, and CURRENT."""
+    published version's segment folders, and CURRENT. A folder is marked only once it is found
+    to hold what the version lists (check_listed_files): a folder gone is damage, never made
+    again."""
     if current.version == 0:
         return
     marked = set(_committed_segment_folders(directory))
-    for name in sorted({n.split("/")[1] for kind in KINDS for n in current.files[kind]} - marked):
-        with storage.create(
-            storage.join(directory, "segments", name, COMMITTED_MARK), private=True
-        ):
-            pass
+    unmarked = {n.split("/")[1] for kind in KINDS for n in current.files[kind]} - marked
+    check_listed_files(directory, current, unmarked)
+    for name in sorted(unmarked):
+        _mark_committed(storage.join(directory, "segments", name))
     if _current_hint(storage.join(directory, CURRENT)) != current.version:
         _switch_current(directory, current.version)
+
+
+def _mark_committed(folder: str) -> None:
+    """Mark a segment folder committed, never through what is in the mark's place
+    (map_files.create_mark): a link or FIFO there is the map damaged, refused in one line."""
+    try:
+        create_mark(storage.join(folder, COMMITTED_MARK))
+    except storage.UnfitFile as err:
+        raise IdMapError(
+            f"the id map is damaged: {err}. Restore the id map from a backup."
+        ) from None
 
 
 def _new_folders(directory: str, base: MapVersion, new: MapVersion) -> list[str]:

@@ -5,12 +5,14 @@ writer comes), a device (whose open can act), a link to either. kvtrace writes o
 files there, so a local one is opened only as a regular file, its own link not followed
 (storage.open_regular): anything else is refused in one line (storage.UnfitFile), never waited
 on. An object store holds only objects. Every read in transforms/ids opens through here
-(tests/transforms/ids/test_map_files.py finds any other opener).
+(tests/transforms/ids/test_map_files.py finds any other opener). A mark is created here the
+same way: never by opening what is in its place (create_mark).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from typing import IO
 
 from kvtrace.transforms import storage
@@ -28,3 +30,23 @@ def map_file_exists(path: str) -> bool:
     """Whether something is in the file's place: a link to nothing is (open_map_file refuses
     it), never taken for a file that is absent."""
     return storage.exists(path) if storage.is_url(path) else os.path.lexists(path)
+
+
+def create_mark(path: str) -> None:
+    """An empty owner-only file at path, durable, unless a regular file is there already. Locally
+    made only if nothing is in its place (O_EXCL: a link is not followed, a FIFO not waited
+    on); UnfitFile if something else is. An object store holds only objects."""
+    if storage.is_url(path):
+        with storage.create(path, private=True):
+            return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        descriptor = os.open(path, flags, storage.PRIVATE_FILE)
+    except FileExistsError:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise storage.UnfitFile(f"{path} is not a regular file (a link, FIFO or folder)")
+        return
+    try:
+        os.fsync(descriptor)  # durable as storage.create's files are
+    finally:
+        os.close(descriptor)

@@ -15,6 +15,7 @@ from kvtrace.transforms.ids.exclusive import remove_stale_temp_files
 from kvtrace.transforms.ids.id_map import (
     MapIdentity,
     MapVersion,
+    check_listed_files,
     discard_abandoned,
     finish_interrupted_commit,
     open_map,
@@ -42,6 +43,8 @@ def open_repaired_map(
     base = open_map(directory, identity, key)
     # Before any write: a map deleted from a place bound to it is refused with nothing made.
     anchor.check_anchor(marks, directory, base.version, base.map_id, record_reader(directory), key)
+    # Nor is a map missing what its version lists, whichever shards the night reads.
+    check_listed_files(directory, base)
     # A new map is made by the run's first write into it (id_map.map_folder): a run refused
     # before it leaves nothing. An existing one is repaired.
     if storage.is_url(directory) or os.path.lexists(directory):

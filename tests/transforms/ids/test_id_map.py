@@ -5,6 +5,7 @@ The unit tests; the whole CLI runs are in tests/e2e/test_id_map_nights.py."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -442,3 +443,101 @@ def test_a_run_that_committed_nothing_leaves_no_map_folder_it_made(tmp_path):
     with id_map.run_segments(str(tmp_path / "kept"), 1, "run"):
         pass
     assert os.listdir(tmp_path / "kept") == []
+
+
+def _map_with_a_segment(directory: Path) -> id_map.MapVersion:
+    """A committed version 1 listing one segment file and its index, each 1 byte."""
+    name = f"segments/000001-{RUN}/blocks-00000.parquet"
+    empty = id_map.empty_version(id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "s", {}))
+    new = id_map.next_version(
+        str(directory),
+        empty,
+        written(directory, name),
+        {"blocks": 1, "sessions": 0},
+        False,
+        64,
+        0,
+        night(empty),
+    )
+    for path in (name, id_map.relative_index(name)):
+        (directory / path).parent.mkdir(parents=True, exist_ok=True)
+        (directory / path).write_bytes(b"x")
+    id_map.publish(str(directory), empty, new, KEY)
+    return new
+
+
+def test_a_map_holding_what_its_version_lists_is_not_refused(tmp_path):
+    version = _map_with_a_segment(tmp_path)
+    id_map.check_listed_files(str(tmp_path), version)
+    (tmp_path / "segments" / f"000001-{RUN}" / id_map.COMMITTED_MARK).unlink()
+    id_map.finish_interrupted_commit(str(tmp_path), version)  # a commit killed before its marks
+    assert (tmp_path / "segments" / f"000001-{RUN}" / id_map.COMMITTED_MARK).is_file()
+
+
+@pytest.mark.parametrize(
+    "damage, what",
+    [
+        (lambda folder: shutil.rmtree(folder), "missing"),
+        (lambda folder: (folder / "blocks-00000.parquet").unlink(), "missing"),
+        (lambda folder: (folder / "blocks-00000.parquet").write_bytes(b"xy"), "2 bytes, not the 1"),
+        (
+            lambda folder: (
+                shutil.move(folder, folder.with_name("moved"))
+                and folder.symlink_to(folder.with_name("moved"))
+            ),
+            "not a folder",
+        ),
+    ],
+    ids=["folder gone", "file gone", "file resized", "folder a link"],
+)
+def test_a_map_missing_what_its_version_lists_is_refused_and_nothing_is_made(
+    tmp_path, damage, what
+):
+    version = _map_with_a_segment(tmp_path)
+    folder = tmp_path / "segments" / f"000001-{RUN}"
+    (folder / id_map.COMMITTED_MARK).unlink()  # so the roll-forward would mark it
+    damage(folder)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for check in (id_map.check_listed_files, id_map.finish_interrupted_commit):
+        with pytest.raises(IdMapError, match=f"damaged.*{what}") as refused:
+            check(str(tmp_path), version)
+        assert "\n" not in str(refused.value)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    "place",
+    [
+        lambda map_, other: map_ / "versions" / "000002.json",
+        lambda map_, other: map_ / "segments" / f"000001-{RUN}" / id_map.COMMITTED_MARK,
+        lambda map_, other: map_ / "segments" / "000002-live",
+        lambda map_, other: map_ / "segments",
+    ],
+    ids=["a version", "a mark", "a segment folder", "segments"],
+)
+def test_a_link_in_the_map_is_refused_and_nothing_through_it_is_deleted(tmp_path, place):
+    directory, other = tmp_path / "map", tmp_path / "other"
+    version = _map_with_a_segment(directory)
+    kept = other / "000000-other" / "blocks-00000.parquet"  # abandoned, were it the map's
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"x")
+    link = place(directory, other)
+    if link.exists():
+        link.rename(link.with_name("moved"))
+    link.symlink_to(other)
+    with pytest.raises(IdMapError, match="damaged.*not a") as refused:
+        id_map.current_version_number(str(directory))
+    assert "\n" not in str(refused.value)
+    with contextlib.suppress(IdMapError):  # cleanup walks segments/ only: refused or not, ...
+        id_map.discard_abandoned(str(directory), version, KEY)
+    assert kept.is_file()  # ... it deletes nothing through a link
+
+
+def test_a_map_whose_versions_list_no_file_needs_no_segments_folder(tmp_path):
+    _map_of_nights(tmp_path, "a")
+    identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
+    version = id_map.open_map(str(tmp_path), identity, KEY)
+    assert version.version == 1 and not (tmp_path / "segments").exists()
+    id_map.check_listed_files(str(tmp_path), version)
+    id_map.finish_interrupted_commit(str(tmp_path), version)
+    assert not (tmp_path / "segments").exists()

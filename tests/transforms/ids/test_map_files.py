@@ -87,3 +87,28 @@ def test_a_regular_file_is_read_as_stored(tmp_path):
     with map_files.open_map_file(str(tmp_path / "CURRENT")) as handle:
         assert handle.read() == b'{"version": 3}\n'
     assert not map_files.map_file_exists(str(tmp_path / "absent"))
+
+
+@pytest.mark.parametrize(
+    "place",
+    [
+        lambda tmp: _fifo(tmp / "COMMITTED"),
+        lambda tmp: _link(tmp / "COMMITTED", tmp / "elsewhere"),
+        lambda tmp: (tmp / "COMMITTED").mkdir() or tmp / "COMMITTED",
+    ],
+    ids=["fifo", "link to nothing", "folder"],
+)
+def test_a_mark_is_never_written_through_what_is_in_its_place(tmp_path, place):
+    path = place(tmp_path)
+    with pytest.raises(storage.UnfitFile, match="not a regular file") as refused:
+        map_files.create_mark(str(path))
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / "elsewhere").exists()  # a link's target is never made
+
+
+def test_a_mark_is_made_owner_only_once(tmp_path):
+    mark = tmp_path / "COMMITTED"
+    map_files.create_mark(str(mark))
+    assert mark.is_file() and mark.stat().st_mode & 0o777 == storage.PRIVATE_FILE
+    map_files.create_mark(str(mark))  # a mark there already: marked
+    assert mark.read_bytes() == b""
