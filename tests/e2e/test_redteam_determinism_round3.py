@@ -199,6 +199,7 @@ def test_a_streams_windows_do_not_split_a_timestamp_granule(tiny_tokenizer, tmp_
     assert streamed == batch
 
 
+@pytest.mark.beam  # the stream runs on Beam
 def test_a_clock_reset_arriving_alone_is_a_dead_letter_not_a_window(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
