@@ -905,3 +905,17 @@ def records_of(piece, max_record_bytes: int) -> list:
     return [
         item for item in read_range(piece, max_record_bytes) if getattr(item, "share", None) is None
     ]
+
+
+# A kvtrace_child prelude: SIGTERM as the run opens its output's staging folder (after the
+# plan, before any work), for tests of what a stopped run leaves.
+STOP_AS_THE_OUTPUT_IS_STAGED = """
+import os, signal
+_open = os.open
+def _open_then_stop(path, *args, **kwargs):
+    handle = _open(path, *args, **kwargs)
+    if ".kvtrace-staging-" in str(path):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return handle
+os.open = _open_then_stop
+"""

@@ -6,21 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import kvtrace_child, night_args, write_jsonl
+from helpers import STOP_AS_THE_OUTPUT_IS_STAGED, kvtrace_child, night_args, write_jsonl
 
 pytestmark = pytest.mark.slow
-
-# SIGTERM as the Beam engine's parent opens its output's staging folder: before any work.
-_STOP_AS_THE_OUTPUT_IS_STAGED = """
-import os, signal
-_open = os.open
-def _open_then_stop(path, *args, **kwargs):
-    handle = _open(path, *args, **kwargs)
-    if ".kvtrace-staging-" in str(path):
-        os.kill(os.getpid(), signal.SIGTERM)
-    return handle
-os.open = _open_then_stop
-"""
 
 
 @pytest.mark.parametrize(
@@ -39,7 +27,7 @@ def test_a_stopped_beam_night_leaves_no_folder_it_made(tiny_tokenizer, tmp_path)
     out, letters = tmp_path / "night" / "out", tmp_path / "letters" / "dead"
     night = night_args(tmp_path, tiny_tokenizer, out, "--dead-letter", str(letters))
     stopped = kvtrace_child(
-        *night, "--engine", "beam", prelude=_STOP_AS_THE_OUTPUT_IS_STAGED, timeout=300
+        *night, "--engine", "beam", prelude=STOP_AS_THE_OUTPUT_IS_STAGED, timeout=300
     )
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "salt"]
@@ -68,6 +56,6 @@ def test_any_command_stopped_leaves_no_folder_it_made(tmp_path, command, options
     source = write_jsonl(tmp_path / "trace.jsonl", rows)
     out = tmp_path / "a" / "b" / name
     args = [command, str(source), "--block-size", "4", *options, "-o", str(out)]
-    stopped = kvtrace_child(*args, prelude=_STOP_AS_THE_OUTPUT_IS_STAGED, timeout=120)
+    stopped = kvtrace_child(*args, prelude=STOP_AS_THE_OUTPUT_IS_STAGED, timeout=120)
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.jsonl"]

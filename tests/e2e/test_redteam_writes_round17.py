@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import kvtrace_child, night_args
+from helpers import STOP_AS_THE_OUTPUT_IS_STAGED, kvtrace_child, night_args
 
 pytestmark = pytest.mark.slow
 
@@ -26,18 +26,6 @@ def _link_then_die(source, destination, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     return done
 os.link = _link_then_die
-"""
-
-# SIGTERM as the run opens its output's staging folder: after the plan, before any work.
-_STOP_AS_THE_OUTPUT_IS_STAGED = """
-import os, signal
-_open = os.open
-def _open_then_stop(path, *args, **kwargs):
-    handle = _open(path, *args, **kwargs)
-    if ".kvtrace-staging-" in str(path):
-        os.kill(os.getpid(), signal.SIGTERM)
-    return handle
-os.open = _open_then_stop
 """
 
 
@@ -75,7 +63,7 @@ def test_a_stopped_night_leaves_no_folder_it_made_on_its_outputs_way(tiny_tokeni
     empty, in the operator's folder, on every exit."""
     out, letters = tmp_path / "night" / "out", tmp_path / "letters" / "dead"
     night = night_args(tmp_path, tiny_tokenizer, out, "--dead-letter", str(letters))
-    stopped = kvtrace_child(*night, prelude=_STOP_AS_THE_OUTPUT_IS_STAGED, timeout=120)
+    stopped = kvtrace_child(*night, prelude=STOP_AS_THE_OUTPUT_IS_STAGED, timeout=120)
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert "stopped: nothing published" in stopped.stderr, stopped.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "salt"]
