@@ -11,6 +11,16 @@ import pytest
 from kvtrace.transforms import storage
 
 
+@pytest.fixture(autouse=True)
+def fresh_run_registry(monkeypatch):
+    """Each test its own process-wide registry of folders made and leftovers: what an earlier
+    test in this worker left there (a run's list, a leftover) is not this test's run."""
+    monkeypatch.setattr(storage, "_MADE", {})
+    monkeypatch.setattr(storage, "_LEFTOVERS", {})
+    monkeypatch.setattr(storage, "_LEFTOVERS_OWNER", [os.getpid()])
+    monkeypatch.setattr(storage, "_FORWARD_FOLDERS", [])
+
+
 def test_a_users_existing_folder_is_neither_changed_nor_marked(tmp_path):
     folder = tmp_path / "work"
     folder.mkdir()
