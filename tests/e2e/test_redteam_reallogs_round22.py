@@ -287,3 +287,116 @@ def test_a_refusal_part_in_an_assistant_turn_is_served_not_a_letter(tmp_path):
     code, rows, dead = _run(tmp_path, records, *ALL_REJECTABLE)
     assert (code, [letter["error"] for letter in dead]) == (0, [])
     assert rows[0]["input_length"] == rows[1]["input_length"]
+
+
+def _weather_tools(unit: dict) -> list[dict]:
+    """A tool whose JSON schema is written as pydantic writes an Optional field's."""
+    properties = {"city": {"type": "string", "title": "City"}, "unit": unit}
+    parameters = {"type": "object", "properties": properties, "required": ["city"]}
+    return [
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "description": "Weather", "parameters": parameters},
+        }
+    ]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 22")
+def test_a_null_inside_a_tools_schema_or_a_tool_calls_input_is_rendered(tmp_path):
+    """Exactly what the engine would see. records.without_nulls drops every null object field
+    at any depth, as the engine's request models read an Optional field sent as null; but a
+    tool's `parameters` (a JSON schema) and an Anthropic `tool_use` block's `input` are free
+    objects the engine hands to the template as sent, and the template writes them out with
+    `tojson`: pydantic's schema of an Optional field carries `"default": null`, an agent's
+    call `{"city": "Paris", "unit": null}`. Each renders here as if the null were absent
+    (178 and 166 tokens alike with and without it). Promised: the null is in the prompt, so
+    each request is longer than its twin without it."""
+    unit = {"anyOf": [{"type": "string"}, {"type": "null"}], "title": "Unit"}
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+
+    def chat(second: int, schema: dict) -> dict:
+        return {"timestamp": T0 + 1000 * second, "messages": ask, "tools": _weather_tools(schema)}
+
+    def anthropic(second: int, arguments: dict) -> dict:
+        call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": arguments}
+        result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18C"}
+        tool = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
+        messages = [
+            *ask,
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [result]},
+        ]
+        request = {"model": "m", "max_tokens": 100, "tools": [tool], "messages": messages}
+        return {"timestamp": T0 + 1000 * second, "request": request}
+
+    records = [
+        chat(0, {**unit, "default": None}),
+        chat(1, unit),
+        anthropic(2, {"city": "Paris", "unit": None}),
+        anthropic(3, {"city": "Paris"}),
+    ]
+    code, rows, dead = _run(tmp_path, [{**record, "output_length": 3} for record in records])
+    assert (code, dead) == (0, [])
+    lengths = [row["input_length"] for row in rows]
+    assert (lengths[0] > lengths[1], lengths[2] > lengths[3]) == (True, True), lengths
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 22")
+def test_an_azure_batch_file_is_joined_as_an_openai_one(tmp_path):
+    """No false letter on a request the engine serves. Azure OpenAI's Batch API takes (and its
+    documentation writes) each input line's `url` as `/chat/completions`, without the `/v1`
+    the OpenAI API spells; records.BATCH_URLS knows only the `/v1/...` spellings, so every
+    line of an Azure batch is an unsupported_request letter saying the request is "not a
+    generation", and a night of such a batch is refused whole. Promised: both pairs exported
+    (the `/v1` one already is), no letter."""
+    body = {"model": "gpt-4o-batch", "messages": USER}
+    inputs = [
+        {"custom_id": f"task-{i}", "method": "POST", "url": url, "body": body}
+        for i, url in enumerate(("/chat/completions", "/v1/chat/completions"))
+    ]
+    outputs = [
+        {
+            "id": f"batch_req_{i}",
+            "custom_id": f"task-{i}",
+            "response": {
+                "status_code": 200,
+                "request_id": f"req-{i}",
+                "body": {
+                    "object": "chat.completion",
+                    "created": T0 // 1000 + i,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Waves"}}],
+                    "usage": {"prompt_tokens": 15, "completion_tokens": 5, "total_tokens": 20},
+                },
+            },
+            "error": None,
+        }
+        for i in range(2)
+    ]
+    code, rows, dead = _run(tmp_path, [*inputs, *outputs], *ALL_REJECTABLE)
+    assert code == 0
+    assert (len(rows), [letter["message"] for letter in dead]) == (2, [])
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 22")
+def test_a_log_table_exported_from_bigquery_keeps_its_times(tmp_path):
+    """No false letter on a request the engine served. A gateway's log table kept in BigQuery
+    (the warehouse beside Dataflow, where kvtrace runs) and exported as newline-delimited JSON
+    (`bq extract`, EXPORT DATA) writes a TIMESTAMP as `2025-11-21 04:40:01.123000 UTC`, its zone
+    spelled `UTC`; timestamps._ISO takes `Z` or an offset only, so every row is a
+    bad_timestamp letter and the night is refused, as round 21 found of PostgreSQL's `+00`.
+    Promised: both rows exported, 1 s apart, their response times kept."""
+    rows_in = [
+        {
+            "request_id": f"r{i}",
+            "call_type": "acompletion",
+            "status": "success",
+            "startTime": f"2025-11-21 04:40:0{i}.123000 UTC",
+            "endTime": f"2025-11-21 04:40:0{i}.623000 UTC",
+            "proxy_server_request": {"model": "m", "messages": USER},
+            "completion_tokens": 3,
+        }
+        for i in (1, 2)
+    ]
+    code, rows, dead = _run(tmp_path, rows_in)
+    assert code == 0, [letter["error"] for letter in dead]
+    assert [(row["timestamp"], row["response_ms"]) for row in rows] == [(0, 500), (1000, 500)]
