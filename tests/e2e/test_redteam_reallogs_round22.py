@@ -457,3 +457,37 @@ def test_a_log_table_exported_from_bigquery_keeps_its_times(tmp_path):
     code, rows, dead = _run(tmp_path, rows_in)
     assert code == 0, [letter["error"] for letter in dead]
     assert [(row["timestamp"], row["response_ms"]) for row in rows] == [(0, 500), (1000, 500)]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 22")
+def test_a_gateways_payload_renders_with_the_template_settings_its_request_sent(tmp_path):
+    """Exactly what the engine would see. LiteLLM's standard logging payload keeps the chat at
+    its top level and the request's other parameters in `model_parameters` (a parameter the
+    OpenAI API lacks, as vLLM's `chat_template_kwargs`, under its `extra_body`); records reads
+    `tools`, `n`, `best_of` and `echo` there, but chat.template_settings reads only the
+    payload's top level, so a Qwen3 request sent with `enable_thinking: false` renders
+    without it (16 tokens where the engine rendered 20, the empty think block it adds).
+    Promised: each payload exports the input length of the same request logged as a plain
+    request with its chat_template_kwargs."""
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+
+    def payload(second: int, parameters: dict) -> dict:
+        return {
+            "call_type": "acompletion",
+            "status": "success",
+            "startTime": T0 / 1000 + second,
+            "endTime": T0 / 1000 + second + 1,
+            "messages": USER,
+            "model_parameters": parameters,
+            "completion_tokens": 5,
+        }
+
+    plain = {
+        "timestamp": T0 + 2000,
+        "request": {"model": "m", "messages": USER, **kwargs},
+        "output_length": 5,
+    }
+    records = [payload(0, kwargs), payload(1, {"extra_body": kwargs}), plain]
+    code, rows, dead = _run(tmp_path, records)
+    assert (code, dead) == (0, [])
+    assert [row["input_length"] for row in rows] == [rows[2]["input_length"]] * 3
