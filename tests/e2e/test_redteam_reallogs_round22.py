@@ -38,7 +38,6 @@ def _run(tmp_path: Path, records: list[dict], *options: str) -> tuple[int, list[
     return code, trace(out) if out.exists() else [], letters(dead) if dead.exists() else []
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_responses_reasoning_item_is_rendered_as_the_engine_renders_it(tmp_path):
     """Exactly what the engine would see. A reasoning model's client on the Responses API sends
     the previous turn's output back as `input` items, its `reasoning` item included (the
@@ -149,7 +148,6 @@ def test_a_gateways_cache_hit_is_not_exported_as_a_request_the_engine_served(tmp
     assert (len(rows), len(dead)) == (1, 1), (rows, [letter["error"] for letter in dead])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_responses_stream_that_ended_in_an_error_event_is_a_failed_request(tmp_path):
     """Exactly what the engine would see; never a made-up length. A Responses API stream that
     fails mid-way ends in an `error` event (`{"type": "error", "code", "message"}`), whose type
@@ -198,7 +196,6 @@ def test_a_responses_stream_that_ended_in_an_error_event_is_a_failed_request(tmp
     assert [letter["error"] for letter in dead] == ["failed_request"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_responses_stream_cut_short_counts_its_reasoning_as_a_chat_stream_does(tmp_path):
     """Usage and text agree across shapes; never a made-up length. A Responses API stream cut
     short (the client went away: no `response.completed`, so no usage) is counted from its
@@ -321,7 +318,6 @@ def test_a_completions_prompt_of_token_ids_is_served_not_a_letter(tmp_path):
     assert [row["input_length"] for row in rows] == [len(ids), len(ids), 2, 2]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_refusal_part_in_an_assistant_turn_is_served_not_a_letter(tmp_path):
     """No false letter on a request the engine serves. An assistant message's content may be a
     list of `text` and `refusal` parts (the Chat Completions API's assistant content parts);
@@ -459,7 +455,6 @@ def test_a_log_table_exported_from_bigquery_keeps_its_times(tmp_path):
     assert [(row["timestamp"], row["response_ms"]) for row in rows] == [(0, 500), (1000, 500)]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_gateways_payload_renders_with_the_template_settings_its_request_sent(tmp_path):
     """Exactly what the engine would see. LiteLLM's standard logging payload keeps the chat at
     its top level and the request's other parameters in `model_parameters` (a parameter the
