@@ -222,8 +222,8 @@ def responses_messages(
     turned by RESPONSES_ITEMS into the message the engine's Responses server builds of it."""
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
-    if instructions is not None:
-        messages.append({"role": "system", "content": _string(instructions, "instructions")})
+    if instructions is not None and _string(instructions, "instructions"):  # "" adds no turn
+        messages.append({"role": "system", "content": instructions})
     items = body.get("input")
     if isinstance(items, str):  # the API's shorthand for one user message
         return [*messages, {"role": "user", "content": items}]

@@ -100,3 +100,8 @@ def test_a_refusal_part_is_read_as_text():
     assert messages(record)[1]["content"] == "No."
     turn["content"] = [{"type": "refusal", "refusal": 5}]
     assert letter(record)[0] == "wrong_type"
+
+
+def test_empty_instructions_add_no_system_turn_as_the_engine_adds_none():
+    assert [m["role"] for m in messages({**responses(), "instructions": ""})] == ["user"]
+    assert [m["role"] for m in messages({**responses(), "instructions": "x"})] == ["system", "user"]
