@@ -139,6 +139,8 @@ def text_of(content: Any, where: str, drop_non_text: bool) -> str:
         kind = type_of(part)
         if kind in TEXT_PART_TYPES:
             texts.append(_string(part.get("text"), f"{where} text part"))
+        elif kind == "refusal":  # an assistant turn's refusal part: the engine reads it as text
+            texts.append(_string(part.get("refusal"), f"{where} refusal part"))
         elif kind in NON_TEXT_PART_TYPES:
             if not drop_non_text:
                 raise Rejected(
@@ -216,11 +218,12 @@ def arguments_as_strings(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
 def responses_messages(
     body: dict[str, Any], drop_non_text: bool, budget: ContainerBudget
 ) -> list[dict[str, Any]]:
-    """The Responses API's `instructions` and `input` (a string or a list of items)."""
+    """The Responses API's `instructions` and `input` (a string or a list of items), each item
+    turned by RESPONSES_ITEMS into the message the engine's Responses server builds of it."""
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
-    if instructions is not None:
-        messages.append({"role": "system", "content": _string(instructions, "instructions")})
+    if instructions is not None and _string(instructions, "instructions"):  # "" adds no turn
+        messages.append({"role": "system", "content": instructions})
     items = body.get("input")
     if isinstance(items, str):  # the API's shorthand for one user message
         return [*messages, {"role": "user", "content": items}]
@@ -230,41 +233,98 @@ def responses_messages(
         if not isinstance(item, dict):
             raise Rejected("wrong_type", f"input item {index} is not an object")
         kind = type_of(item, "message")
-        if kind == "message":
-            role = _role(item, index)
-            content = text_of(item.get("content"), f"input item {index}", drop_non_text)
-            messages.append({"role": role, "content": content})
-        elif kind == "function_call":
-            call = {
-                "type": "function",
-                "function": {
-                    "name": _string(item.get("name"), f"input item {index} name"),
-                    "arguments": _arguments(item.get("arguments"), budget),
-                },
-            }
-            if isinstance(item.get("call_id"), str):
-                call["id"] = item["call_id"]
-            # One assistant message per call, parallel calls too: vLLM's Responses server
-            # (construct_chat_message_with_tool_call) turns each item into its own message.
-            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": str(item.get("call_id", "")),
-                    "content": output
-                    if isinstance(output, str)
-                    else text_of(output, f"input item {index} output", drop_non_text),
-                }
-            )
-        elif kind == "reasoning":
-            continue  # reasoning items are not replayed into the prompt by chat templates
-        else:
+        build = RESPONSES_ITEMS.get(kind) if kind is not None else None
+        if build is None:
             raise Rejected("unsupported_content", f"input item {index} has type {str(kind)[:32]!r}")
+        message = build(item, index, drop_non_text, budget)
+        if _joins_reasoning(item, messages):
+            messages[-1] = {**messages[-1], "tool_calls": message["tool_calls"]}
+        else:
+            messages.append(message)
     if not messages:
         raise Rejected("invalid_request", "input is empty")
     return messages
+
+
+def _message_item(
+    item: dict[str, Any], index: int, drop_non_text: bool, budget: ContainerBudget
+) -> dict[str, Any]:
+    """A message item (input, or a previous response's output message): its role and text."""
+    content = text_of(item.get("content"), f"input item {index}", drop_non_text)
+    return {"role": _role(item, index), "content": content}
+
+
+def _function_call_item(
+    item: dict[str, Any], index: int, drop_non_text: bool, budget: ContainerBudget
+) -> dict[str, Any]:
+    """One assistant message per call, parallel calls too, as the engine builds them."""
+    call: dict[str, Any] = {
+        "type": "function",
+        "function": {
+            "name": _string(item.get("name"), f"input item {index} name"),
+            "arguments": _arguments(item.get("arguments"), budget),
+        },
+    }
+    if isinstance(item.get("call_id"), str):
+        call["id"] = item["call_id"]
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def _function_call_output_item(
+    item: dict[str, Any], index: int, drop_non_text: bool, budget: ContainerBudget
+) -> dict[str, Any]:
+    output = item.get("output")
+    if not isinstance(output, str):
+        output = text_of(output, f"input item {index} output", drop_non_text)
+    return {"role": "tool", "tool_call_id": str(item.get("call_id", "")), "content": output}
+
+
+def _reasoning_item(
+    item: dict[str, Any], index: int, drop_non_text: bool, budget: ContainerBudget
+) -> dict[str, Any]:
+    """An assistant message holding the reasoning: its first content part's text, else its
+    first summary part's, else none. The engine refuses encrypted reasoning: it cannot read it,
+    and neither can a template."""
+    if item.get("encrypted_content"):
+        raise Rejected(
+            "invalid_request",
+            f"input item {index} is encrypted reasoning (encrypted_content): the engine refuses it",
+        )
+    parts = _list(item.get("content")) or _list(item.get("summary"))
+    first = parts[0] if parts else {"text": ""}
+    text = first.get("text") if isinstance(first, dict) else first
+    reasoning = _string(text, f"input item {index} reasoning text")
+    return {
+        "role": "assistant",
+        "content": "",
+        "reasoning": reasoning,
+        "reasoning_content": reasoning,
+    }
+
+
+# Each Responses input item type, as the message the engine's Responses server builds of it;
+# any other type is a letter (the engine would hand the template an item it cannot render).
+RESPONSES_ITEMS = {
+    "message": _message_item,
+    "function_call": _function_call_item,
+    "function_call_output": _function_call_output_item,
+    "reasoning": _reasoning_item,
+}
+# A function_call item of this id prefix (a call to an MCP server) joins the reasoning message
+# before it, its call in place of any that message held: the engine builds them as one message.
+MCP_CALL_PREFIX = "mcp_"
+
+
+def _joins_reasoning(item: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
+    item_id = item.get("id")
+    return (
+        type_of(item) == "function_call"
+        and isinstance(item_id, str)
+        and item_id.startswith(MCP_CALL_PREFIX)
+        and bool(messages)
+        and messages[-1]["role"] == "assistant"
+        and "reasoning" in messages[-1]
+    )
 
 
 def anthropic_messages(
@@ -535,6 +595,21 @@ RENDER_ARGUMENTS = frozenset(
     }
 )
 MAX_TEMPLATE_KWARGS = 64  # names a request may set: more than any template reads
+
+
+def request_fields(record: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """The request's fields as the engine received them. LiteLLM's standard logging payload (its
+    body the record itself) keeps the chat at its top level and the request's other parameters
+    in `model_parameters`, those the OpenAI API lacks under their `extra_body`, which the client
+    sends as top-level fields (over any of the same name); the payload's own fields come first."""
+    parameters = record.get("model_parameters") if body is record else None
+    if not isinstance(parameters, dict):
+        return body
+    extra = parameters.get("extra_body")
+    if extra is not None and not isinstance(extra, dict):
+        raise Rejected("wrong_type", f"model_parameters extra_body is a {type(extra).__name__}")
+    sent = {name: value for name, value in parameters.items() if name != "extra_body"}
+    return sent | (extra or {}) | body
 
 
 def template_settings(body: dict[str, Any]) -> dict[str, Any]:

@@ -402,7 +402,9 @@ def _request(
         fields["messages"], fields["tools"] = _chat(
             body, _tools(record, body), options.drop_non_text_parts, budget
         )
-        fields["template_kwargs"] = chat.template_settings(body) or None
+        fields["template_kwargs"] = (
+            chat.template_settings(chat.request_fields(record, body)) or None
+        )
     elif kind == "prompt":
         fields["prompt"] = _prompt(body.get("prompt"))
     elif kind == "tokens":

@@ -56,14 +56,30 @@ TEXT_DELTA_FIELDS = dict.fromkeys(
 
 
 RESPONSES_EVENT_PREFIX = "response."
-OUTPUT_TEXT_DELTA = "response.output_text.delta"
+# The event a Responses API stream ends in when it fails mid-way (its type has no prefix).
+ERROR_EVENT = "error"
+# The delta events that carry generated text, each counted as a Chat Completions chunk's delta of
+# the same text is (chat.message_pieces: reasoning, content, tool-call arguments).
+TEXT_DELTA_EVENTS = frozenset(
+    f"response.{kind}.delta"
+    for kind in (
+        "output_text",
+        "reasoning_text",
+        "reasoning_summary_text",
+        "refusal",
+        "function_call_arguments",
+    )
+)
+# The event that opens an output item: a function call's name is generated there, not in a delta.
+ITEM_ADDED_EVENT = "response.output_item.added"
 
 
 def final_response(response: Any) -> Any:
-    """A Responses API stream logged as its events (each an object whose `type` starts with
-    RESPONSES_EVENT_PREFIX) as its final response: the last event's `response` object, held
-    to the response's shape, its output the output_text deltas merged when no such object
-    holds any; any other response as it is."""
+    """A Responses API stream logged as its events (each an object whose `type` is ERROR_EVENT
+    or starts with RESPONSES_EVENT_PREFIX) as its final response: the last event's `response`
+    object, held to the response's shape, its output what the events generated, merged, when no
+    such object holds any; an error event's code and message as its `error` (a failed call, as
+    a chat stream's error chunk is: records._check_outcome); any other response as it is."""
     if type(response) is not list or not response or not all(map(_is_event, response)):
         return response
     path: Path = (None, "response")
@@ -74,35 +90,44 @@ def final_response(response: Any) -> Any:
             RESPONSE_OBJECT.check(held, ((path, index), "response"))
             final = held
             break
+    errors = [event for event in response if event["type"] == ERROR_EVENT]
+    if errors:
+        error = errors[-1]
+        return {**final, "error": {"code": error.get("code"), "message": error.get("message")}}
     if final.get("output"):
         return final
-    deltas = [
+    texts = [
         text
         for index, event in enumerate(response)
-        if (text := _delta(event, (path, index))) is not None
+        if (text := _generated(event, (path, index))) is not None
     ]
-    if not deltas:
+    if not texts:
         return final
-    text = "".join(deltas)
-    item = {"type": "message", "content": [{"type": "output_text", "text": text}]}
+    item = {"type": "message", "content": [{"type": "output_text", "text": "".join(texts)}]}
     return {**final, "output": [item]}
 
 
 def _is_event(event: Any) -> bool:
     kind = event.get("type") if type(event) is dict else None
-    return type(kind) is str and kind.startswith(RESPONSES_EVENT_PREFIX)
+    return type(kind) is str and (kind == ERROR_EVENT or kind.startswith(RESPONSES_EVENT_PREFIX))
 
 
-def _delta(event: dict[str, Any], path: Path) -> str | None:
-    """The text an output_text delta event generated; None from any other event."""
-    if event["type"] != OUTPUT_TEXT_DELTA:
+def _generated(event: dict[str, Any], path: Path) -> str | None:
+    """The text an event generated: a text delta's, a function call's name as its item opens;
+    None from any other event."""
+    kind = event["type"]
+    if kind == ITEM_ADDED_EVENT:
+        item = event.get("item")
+        if type(item) is not dict or item.get("type") != "function_call":
+            return None
+        path, name, value = (path, "item"), "name", item.get("name")
+    elif kind in TEXT_DELTA_EVENTS:
+        name, value = "delta", event.get("delta")
+    else:
         return None
-    delta = event.get("delta")
-    if type(delta) is not str:
-        raise Rejected(
-            "wrong_type", f"{spelled((path, 'delta'))} is {type_name(delta)}, not a string"
-        )
-    return delta
+    if type(value) is not str:
+        raise Rejected("wrong_type", f"{spelled((path, name))} is {type_name(value)}, not a string")
+    return value
 
 
 def condensed(chunks: list[Any]) -> list[Any] | None:

@@ -289,3 +289,38 @@ def test_a_list_not_all_responses_events_is_left_as_it_is() -> None:
     chunks = [*responses_events(), text_chunk("a")]
     assert final_response(chunks) is chunks
     assert final_response([]) == []
+
+
+def test_a_responses_stream_ending_in_an_error_event_is_a_failed_request() -> None:
+    error = {"type": "error", "code": "server_error", "message": "m", "param": None}
+    events = [*responses_events(), error]
+    assert final_response(events)["error"] == {"code": "server_error", "message": "m"}
+    assert read_value(record(events)) == ("failed_request", "the call logged an error: not served")
+    failed = responses_events({"status": "failed", "error": {"code": "c", "message": "m"}})
+    assert read_value(record(failed))[0] == "failed_request"
+
+
+@pytest.mark.parametrize(
+    "kind", ["reasoning_text", "reasoning_summary_text", "refusal", "function_call_arguments"]
+)
+def test_every_generated_text_delta_of_a_responses_stream_counts(kind: str) -> None:
+    events = responses_events()
+    events.insert(1, {"type": f"response.{kind}.delta", "item_id": "r", "delta": "zero "})
+    request = read_value(record(events))
+    assert isinstance(request, Request) and request.output_text == "zero one two"
+
+
+def test_a_function_calls_name_counts_where_its_item_opens() -> None:
+    call = {"type": "function_call", "name": "get_weather", "arguments": "", "call_id": "c"}
+    events = responses_events()
+    events[1:1] = [
+        {"type": "response.output_item.added", "output_index": 0, "item": call},
+        {"type": "response.output_item.added", "output_index": 1, "item": {"type": "message"}},
+    ]
+    request = read_value(record(events))
+    assert isinstance(request, Request) and request.output_text == "get_weatherone two"
+    call["name"] = 5
+    assert read_value(record(events)) == (
+        "wrong_type",
+        "response[1].item.name is an integer, not a string",
+    )

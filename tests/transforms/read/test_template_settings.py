@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvtrace.transforms.errors import Rejected
-from kvtrace.transforms.read.chat import TEMPLATE_FIELDS, template_settings
+from kvtrace.transforms.read.chat import TEMPLATE_FIELDS, request_fields, template_settings
 from kvtrace.transforms.read.records import ParseOptions, parse_record
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -107,3 +107,25 @@ def test_the_parsed_request_carries_its_settings_and_a_refusal_is_its_letter():
     with pytest.raises(Rejected) as caught:
         parse_record(json.dumps({**record, "chat_template": "x"}).encode(), "t", options)
     assert caught.value.reason == "untrusted_template"
+
+
+def test_a_gateways_payload_sets_them_in_its_parameters_and_their_extra_body():
+    off, on = {"enable_thinking": False}, {"enable_thinking": True}
+    payload = {"messages": MESSAGES, "model_parameters": {"chat_template_kwargs": off}}
+    assert template_settings(request_fields(payload, payload)) == off
+    # The client sends extra_body's fields over the parameters of the same name.
+    both = {"chat_template_kwargs": on, "extra_body": {"chat_template_kwargs": off}}
+    payload["model_parameters"] = both
+    assert template_settings(request_fields(payload, payload)) == off
+    # A request logged beside its envelope is read as logged; so are a payload's own fields.
+    record = {"request": {"messages": MESSAGES}, "model_parameters": both}
+    assert request_fields(record, record["request"]) is record["request"]
+    own = {**payload, "reasoning_effort": "low", "model_parameters": {"reasoning_effort": "high"}}
+    assert template_settings(request_fields(own, own)) == {"reasoning_effort": "low"}
+
+
+def test_a_gateways_extra_body_not_an_object_is_a_letter():
+    payload = {"messages": MESSAGES, "model_parameters": {"extra_body": "x"}}
+    with pytest.raises(Rejected) as caught:
+        request_fields(payload, payload)
+    assert caught.value.reason == "wrong_type"
