@@ -18,8 +18,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 from kvtrace.pipelines import child_process
 from kvtrace.pipelines.anonymize_config import ID_BATCH_BLOCKS, AnonymizeConfig
 from kvtrace.pipelines.anonymize_night import (
-    commit_id_map,
     counts_from_night,
+    finish_staged,
     kind_keys,
     map_reading,
     night_manifest,
@@ -29,7 +29,7 @@ from kvtrace.pipelines.anonymize_night import (
     published_days,
     rows_origin_ms,
     run_segments,
-    stage_manifest,
+    stage_night,
     write_dead_letters,
     write_stats,
 )
@@ -49,14 +49,11 @@ from kvtrace.transforms.ids.dense_ids import new_batch_id
 from kvtrace.transforms.ids.id_map import NightTimes, segment_files_by_shard
 from kvtrace.transforms.ids.segments import SegmentFile
 from kvtrace.transforms.ids.steps import AssignDenseIds, ReadIdMap, WriteSegmentShard
-from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.steps import JoinBatchHalves, ReadRecords, RouteSessions, parse_records
-from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES
 from kvtrace.transforms.steps import BatchByWeight, CombineWith, metered
-from kvtrace.transforms.trace_format import parse_json
 from kvtrace.transforms.write.coarsen import published_requests
-from kvtrace.transforms.write.manifest import manifest_path, trace_origin_ms
+from kvtrace.transforms.write.manifest import trace_origin_ms
 from kvtrace.transforms.write.rows import assemble_rows, request_room
 from kvtrace.transforms.write.shards import block_hashes_staging, shard_plan
 from kvtrace.transforms.write.steps import NumberParents, WriteShard
@@ -78,15 +75,18 @@ def run_beam(config: AnonymizeConfig, flags: Sequence[str]) -> None:
 
 
 def _run_here(config: AnonymizeConfig, flags: list[str]) -> dict:
-    """In the child: the pipeline run, which stages the output; its staged manifest returned."""
+    """In the child, the launcher on every runner: the pipeline run, which stages the output
+    and the night's record; once the job has finished (run returns only then), the id map's
+    commit and the manifest staged here (anonymize_night.finish_staged), never in a step,
+    which on a remote runner runs where no one hears it. The manifest returned."""
     run(lambda pipeline: build(pipeline, config), pipeline_options(flags))
-    return parse_json(read_bytes(manifest_path(config.staging), MAX_MANIFEST_BYTES))
+    return finish_staged(config)
 
 
 class AnonymizeOutputs(NamedTuple):
     trace_files: beam.PCollection
     dead_letters: beam.PCollection  # how many letters the one dead-letter file holds, once written
-    summary: beam.PCollection  # the manifest dict, once staged
+    summary: beam.PCollection  # the night's record (anonymize_night.stage_night), once staged
 
 
 def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
@@ -248,6 +248,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         earliest_ms,
         origin,
     )
+    commit: tuple = ()  # what the id map's commit takes, if any
     if config.id_map:  # the output is published once the map version is
         days = (
             encoded["hashed"]
@@ -266,9 +267,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             beam.pvalue.AsSingleton(latest, default_value=None),
             origin,
         )
-        manifest = manifest | "CommitIdMap" >> beam.Map(
-            _commit_id_map_then_pass_on,
-            config,
+        commit = (
             beam.pvalue.AsList(blocks["segment_files"]),
             beam.pvalue.AsList(sessions["segment_files"]),
             beam.pvalue.AsSingleton(blocks["added_count"], default_value=0),
@@ -276,10 +275,10 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             earliest_ms,
             beam.pvalue.AsSingleton(times),
         )
-    # Staged once the letters are written, the output's last file: the driver's process
-    # publishes it with them (run_beam).
-    summary = manifest | "StageManifest" >> beam.Map(
-        lambda m, _: stage_manifest(config, m), beam.pvalue.AsList(letters_written)
+    # Staged once the letters are written, the output's last file: the launcher commits the
+    # map's version (if any), stages the manifest and publishes (run_beam), the job done.
+    summary = manifest | "StageNight" >> beam.Map(
+        _stage_night, config, beam.pvalue.AsList(letters_written), *commit
     )
     return AnonymizeOutputs(trace_files, letters_written, summary)
 
@@ -429,22 +428,24 @@ class StageLetters(beam.DoFn):
         yield WindowedValue(self._runs.close(), GlobalWindow().max_timestamp(), [GlobalWindow()])
 
 
-def _commit_id_map_then_pass_on(
+def _stage_night(
     manifest: dict,
     config: AnonymizeConfig,
-    block_files: list[SegmentFile],
-    session_files: list[SegmentFile],
-    added_blocks: int,
-    added_sessions: int,
-    earliest_ms: int | None,
-    times: NightTimes,
+    letters_written: list[int],
+    block_files: Sequence[SegmentFile] = (),
+    session_files: Sequence[SegmentFile] = (),
+    added_blocks: int = 0,
+    added_sessions: int = 0,
+    earliest_ms: int | None = None,
+    times: NightTimes = NightTimes(),
 ) -> dict:
-    """The manifest as published once the map has committed: a rerun's names the start the map
-    recorded for its night."""
-    return commit_id_map(
+    """The night's record staged for the launcher (anonymize_night.stage_night), once the
+    letters are written (letters_written: waited for, not read); without an id map, its
+    manifest alone."""
+    return stage_night(
         config,
         manifest,
-        {"blocks": block_files, "sessions": session_files},
+        {"blocks": list(block_files), "sessions": list(session_files)},
         {"blocks": added_blocks, "sessions": added_sessions},
         earliest_ms,
         times,

@@ -34,8 +34,10 @@ from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.schemes import engine_hashes
 from kvtrace.transforms.encode.segment_cache import CacheCounts
 from kvtrace.transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
+from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.ids import id_map
 from kvtrace.transforms.ids.dense_ids import (
+    MAX_HASH_SHARDS,
     NUMBERED,
     KindIds,
     UniqueTotals,
@@ -45,6 +47,7 @@ from kvtrace.transforms.ids.dense_ids import (
     shard_of,
     split_by,
 )
+from kvtrace.transforms.ids.map_record import KINDS, MAX_DAYS
 from kvtrace.transforms.ids.segments import SegmentFile, read_matching_files, read_segment
 from kvtrace.transforms.read.measured import join_measured
 from kvtrace.transforms.read.paths import read_bytes
@@ -60,6 +63,7 @@ from kvtrace.transforms.trace_format import (
     TIME_ORIGIN_FIELD,
     canonical_json,
     capture_manifest,
+    parse_json,
 )
 from kvtrace.transforms.write.coarsen import published_requests
 from kvtrace.transforms.write.manifest import (
@@ -522,7 +526,7 @@ def commit_id_map(
     the manifest describes) committed before the trace that uses it is published. The commit,
     its mark and its cleanup are one publication (publish.publication): a stop waits for them,
     and once they stand it names the version committed (what the CLI's stop line says; the
-    Beam engine runs this in its child stage). Returns the manifest to publish: a night the
+    Beam engine runs this in its launcher, once the job is done: finish_staged). Returns the manifest to publish: a night the
     map recorded already (a rerun after a run killed past its commit) names the start
     recorded for it (id_map.publish_night)."""
     run = config.id_map
@@ -570,6 +574,118 @@ def _intending(directory: str, version: int, path: str, data: bytes) -> None:
 
 def _version_name(directory: str, version: int) -> str:
     return f"version {version} of the id map {directory}"
+
+
+# What a Beam night stages for its launcher (stage_night): beside the run's letters, in their
+# owner-only staging folder, of which only the letters and the measured file are published.
+NIGHT_RECORD = "night.json"
+# Bounded as the manifest it holds is, plus each kind's segment files (an entry is ~0.4 KiB)
+# and the night's days (~30 bytes each, MAX_DAYS at most).
+MAX_NIGHT_RECORD_BYTES = MAX_MANIFEST_BYTES + len(KINDS) * MAX_HASH_SHARDS * 1024 + MAX_DAYS * 64
+
+
+def stage_night(
+    config: AnonymizeConfig,
+    manifest: dict,
+    segments: dict[str, list[SegmentFile]],
+    added: dict[str, int],
+    earliest_ms: int | None,
+    times: id_map.NightTimes,
+) -> dict:
+    """The night as a Beam job ends it: its manifest, and what its id map's commit takes (the
+    segment files written, the ids added of each kind, its earliest time, its times), as one
+    small owner-only record (NIGHT_RECORD) the launcher reads once the job has finished
+    (finish_staged): no step of a job commits, so on every runner the order is job done ->
+    commit -> publish, and the process that commits is the one that tells (publish.intend).
+    A segment file is recorded by its hash shard: its path is the run's (id_map.segment_path).
+    Returns the record."""
+    record: dict = {"manifest": manifest}
+    if config.id_map is not None:
+        record |= {
+            "segments": {
+                kind: [
+                    {
+                        "shard": id_map.shard_of_segment(f.path),
+                        "data": f.data,
+                        "index": f.index,
+                        "rows": f.rows,
+                    }
+                    for f in segments[kind]
+                ]
+                for kind in KINDS
+            },
+            "added": {kind: int(added[kind]) for kind in KINDS},
+            "earliest_ms": earliest_ms,
+            "times": {
+                "days": {str(day): n for day, n in times.days.items()},
+                "last_ms": times.last_ms,
+            },
+        }
+    with storage.create(storage.join(config.dead_letter, NIGHT_RECORD), private=True) as handle:
+        handle.write(canonical_json(record))
+    return record
+
+
+def finish_staged(config: AnonymizeConfig) -> dict:
+    """In the launcher, once the job that staged the night (stage_night) has finished: the id
+    map's version committed (commit_id_map), then the manifest staged, as the local engine's
+    driver does (publish_night). Returns the manifest to publish (publish_staged). A record
+    missing or damaged is a one-line JobStopped: nothing committed, nothing published."""
+    path = storage.join(config.dead_letter, NIGHT_RECORD)
+    try:
+        record = parse_json(read_bytes(path, MAX_NIGHT_RECORD_BYTES))
+        manifest, segments, added, earliest_ms, times = _staged_commit(config, record)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise JobStopped(
+            f"the job's staged night {path} cannot be read ({err}); nothing was published"
+        ) from None
+    manifest = commit_id_map(config, manifest, segments, added, earliest_ms, times)
+    return stage_manifest(config, manifest)
+
+
+def _staged_commit(
+    config: AnonymizeConfig, record: dict
+) -> tuple[dict, dict[str, list[SegmentFile]], dict[str, int], int | None, id_map.NightTimes]:
+    """commit_id_map's arguments from a night's record; a ValueError where one is not what
+    stage_night writes."""
+    manifest = record["manifest"]
+    if not isinstance(manifest, dict):
+        raise ValueError("its manifest is not an object")
+    run = config.id_map
+    if run is None:
+        return manifest, {}, {}, None, id_map.NightTimes()
+    segments: dict[str, list[SegmentFile]] = {}
+    for kind in KINDS:
+        entries = record["segments"][kind]
+        shards = [_whole(entry["shard"], config.hash_shards - 1) for entry in entries]
+        if len(set(shards)) != len(shards):
+            raise ValueError(f"a hash shard of {kind} twice")
+        segments[kind] = [
+            SegmentFile(
+                id_map.segment_path(run.directory, run.base.version + 1, run.run_id, kind, shard),
+                dict(entry["data"]),
+                dict(entry["index"]),
+                _whole(entry["rows"]),
+            )
+            for shard, entry in zip(shards, entries)
+        ]
+    times = record["times"]
+    return (
+        manifest,
+        segments,
+        {kind: _whole(record["added"][kind]) for kind in KINDS},
+        None if record["earliest_ms"] is None else _whole(record["earliest_ms"], low=-(1 << 63)),
+        id_map.NightTimes(
+            {_whole(int(day)): _whole(n) for day, n in times["days"].items()},
+            None if times["last_ms"] is None else _whole(times["last_ms"]),
+        ),
+    )
+
+
+def _whole(value: object, high: int = (1 << 63) - 1, low: int = 0) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{value!r} where a whole number from {low} to {high} belongs")
+    return value
 
 
 def publish_trace(config: AnonymizeConfig, manifest: dict) -> dict:

@@ -19,7 +19,7 @@ publishes, so what it says is its own record (publish.published_here), and a chi
 is stopped has published nothing. Publishing here is possible because nothing after the
 publication runs in the child: the job's last step only stages the manifest, the dead letters
 are settled by this process already, and the output's lock is this process's. The one thing
-the child commits itself, the id map's version (the pipeline's CommitIdMap step), it tells this
+the child commits itself, the id map's version (once its job has finished), it tells this
 process before the commit's record is created (publish.intend: its path and digest) and once the
 commit's publication ends (publish.forward_publications); a child gone in between is told here
 by what the path holds (Intended.stands), so a stop or a death names a commit that stands

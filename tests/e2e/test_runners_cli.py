@@ -6,12 +6,15 @@ The whole CLI runs; the unit tests are in tests/pipelines/test_runners.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import free_port, write_jsonl
+from helpers import ROOT, free_port, kvtrace_child, night_args, write_jsonl
 from kvtrace.cli import main
 from kvtrace.transforms.errors import ConfigError
 
@@ -196,3 +199,47 @@ def test_the_worker_pool_listens_on_loopback_only_and_runs_a_job(
         server.stop(None)
     for name in ("trace-00000-of-00001.jsonl", "stats.json", "manifest.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+# The disk fills as the CLI's process publishes the staged trace, after the night's commit.
+_DISK_FULL_AT_THE_PUBLICATION = """
+import errno
+from kvtrace.pipelines import anonymize_night
+def _full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+anonymize_night.publish_folder = _full
+"""
+
+
+@pytest.mark.slow  # a portable job: ~10 s
+def test_a_night_whose_steps_run_in_another_process_says_its_commit_when_it_fails(
+    tiny_tokenizer, tmp_path
+):
+    """A cluster runs a job's steps in processes no one of kvtrace's hears (a TaskManager): here
+    an external worker pool of its own process. The id map's commit is the launcher's, once the
+    job has finished (anonymize_night.finish_staged), never a step's, so a failure after it (the
+    publication, on a full disk) is told as a local night's is: the error names the version the
+    night committed. As a step in the pool it committed where no one was told."""
+    pool = subprocess.Popen(
+        [sys.executable, "-m", "kvtrace.pipelines.worker_pool", "--address", "127.0.0.1:0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        address = pool.stdout.readline().split()[-1]  # "worker pool listening on HOST:PORT"
+        out, id_map = tmp_path / "out", tmp_path / "map"
+        night = night_args(tmp_path, tiny_tokenizer, out)
+        night += ["--id-map", str(id_map), "--id-map-marks", str(tmp_path / "marks")]
+        night += ["--runner", "PortableRunner", "--job_endpoint", "embed"]
+        night += ["--environment_type", "EXTERNAL", "--environment_config", address]
+        failed = kvtrace_child(*night, prelude=_DISK_FULL_AT_THE_PUBLICATION, timeout=300)
+    finally:
+        pool.terminate()
+        pool.wait()
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    assert not out.exists()
+    assert (id_map / "versions" / "000001.json").is_file()  # the map kept the night
+    said = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert said and f"version 1 of the id map {id_map}" in said[-1], said

@@ -15,6 +15,7 @@ from kvtrace.transforms.combiners import fold
 from kvtrace.transforms.dead_letters import DeadLetter, StagedLetters, merge_runs
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.write.rows import request_room
 from kvtrace.transforms.write.shards import shard_plan
 
@@ -107,3 +108,77 @@ def test_the_night_steps_on_beam_give_what_the_nights_functions_give(tmp_path):
             | beam.Map(lambda beam_plan: beam_plan.tolist())
         )
         assert_that(planned, equal_to([plan.tolist()]), label="Plan")
+
+
+@pytest.mark.slow  # a whole night's pipeline, over a second: .ci/run runs the slow set
+def test_the_pipeline_only_stages_the_night_and_its_launcher_commits_the_id_map(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """No step of the job commits (on a remote runner a step's commit is told to no one): after
+    the pipeline ran, the map has no new version and the staging no manifest, only the night's
+    owner-only record beside the letters; the launcher's finish_staged then commits version 1
+    and stages the manifest, whose trace the run's segments and ids are the ones committed."""
+    import dataclasses
+    import json
+    import stat
+
+    from apache_beam.testing.test_pipeline import TestPipeline
+
+    from helpers import chat, write_jsonl
+    from kvtrace.pipelines.anonymize_beam import build
+    from kvtrace.pipelines.anonymize_config import IdMapRun
+    from kvtrace.pipelines.anonymize_night import (
+        NIGHT_RECORD,
+        finish_staged,
+        publish_staged,
+        run_segments,
+    )
+    from kvtrace.transforms.encode.blocks import salt_fingerprint
+    from kvtrace.transforms.ids.id_map import MapIdentity, current_version_number
+    from kvtrace.transforms.ids.map_opening import open_repaired_map
+    from kvtrace.transforms.write.manifest import manifest_path
+
+    monkeypatch.setenv("KVTRACE_TEST_NIGHT_SALT", SALT.decode())
+    salt = SaltSource("env", "KVTRACE_TEST_NIGHT_SALT")
+    identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, {}, "scheme", {}, "probe")
+    directory, marks = str(tmp_path / "map"), str(tmp_path / "marks")
+    logs = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1_000 * (i + 1), "s") for i in range(6)])
+    (tmp_path / "staging").mkdir()
+    (tmp_path / "letters").mkdir()
+    job = AnonymizeConfig(
+        inputs=((str(logs), logs.stat().st_size),),
+        output=str(tmp_path / "out"),
+        staging=str(tmp_path / "staging"),
+        tokenizer=tiny_tokenizer,
+        salt=salt,
+        dead_letter=str(tmp_path / "letters"),
+        block_size=BLOCK_SIZE,
+        id_map=IdMapRun(directory, open_repaired_map(directory, identity, salt, marks), marks),
+    )
+    with run_segments(job):
+        with TestPipeline() as pipeline:
+            build(pipeline, job)
+        assert current_version_number(directory) == 0  # the job committed nothing
+        assert not (tmp_path / "staging" / "manifest.json").exists()
+        record = tmp_path / "letters" / NIGHT_RECORD
+        assert stat.S_IMODE(record.stat().st_mode) == 0o600
+        staged = json.loads(record.read_text())
+        assert staged["added"]["blocks"] > 0 and staged["earliest_ms"] == 1_000
+        assert sorted(staged["segments"]) == ["blocks", "sessions"]
+
+        manifest = finish_staged(job)  # the launcher, the job done
+        assert current_version_number(directory) == 1
+        assert json.loads(open(manifest_path(job.staging)).read()) == manifest
+        assert manifest == staged["manifest"]  # a first night: the start it was numbered from
+    publish_staged(job, manifest)
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    assert not (tmp_path / "out" / NIGHT_RECORD).exists()  # private: never in the output
+
+    # Damaged, the record stops the launcher in one line, committing nothing.
+    record.write_text(json.dumps({"manifest": manifest, "segments": {"blocks": [{"shard": -1}]}}))
+    again = dataclasses.replace(
+        job, id_map=IdMapRun(directory, open_repaired_map(directory, identity, salt, marks), marks)
+    )
+    with pytest.raises(JobStopped, match=r"night\.json cannot be read \(.*-1.*\); nothing"):
+        finish_staged(again)
+    assert current_version_number(directory) == 1
