@@ -34,6 +34,7 @@ def chat(i: int, ts: int) -> dict:
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
+@pytest.mark.beam  # its job server runs in this process
 def test_portable_runner_as_flink_uses_it_gives_the_same_trace(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
