@@ -91,9 +91,11 @@ def test_a_listed_segment_file_damaged_in_place_is_not_carried_into_the_next_ver
     damaged in place (a bit flipped: disk rot, a bad copy, or any writer of the map's files)
     keeps its size, so a night whose keys fall in other shards never reads it: it publishes
     and commits version 3 listing the damaged file under its old checksum. The damage is
-    found only by the first night whose keys reach that shard, any number of nights later,
-    when backups from before it may have rotated away (the map is then lost); the same goes
-    for a damaged index or a segment file swapped with another of the same size."""
+    found only by the first night whose keys reach that shard, or at the latest by the next
+    folding night (every MAX_SEGMENTS = 32 nights reads every file), up to a month later, when
+    backups from before it may have rotated away (the map is then lost) and each night in
+    between committed a version over it; the same goes for a damaged index or a segment file
+    swapped with another of the same size."""
     common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
     (victim,) = (tmp_path / "map" / "segments").glob("000001-*/blocks-00012.parquet")
     data = bytearray(victim.read_bytes())
