@@ -53,7 +53,6 @@ def _third_night(tokenizer: str, tmp_path: Path, common: list[str]) -> tuple[int
     return peak_rss_mb(command + ["--output", str(tmp_path / "out2"), "--quiet", *common])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_record_of_short_strings_in_a_versions_place_is_refused_in_bounded_memory(
     tiny_tokenizer, tmp_path
 ):

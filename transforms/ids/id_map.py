@@ -51,6 +51,7 @@ from typing import IO, Any
 import numpy as np
 
 from kvtrace.transforms import storage
+from kvtrace.transforms.dead_letters import shown_name
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.timestamp_kinds import KIND_WORDS
 from kvtrace.transforms.errors import IdMapError, JobStopped
@@ -686,7 +687,7 @@ def _committed_versions(directory: str) -> list[int]:
     stray = next((name for name in names if not VERSION_NAME.fullmatch(name)), None)
     if stray is not None:
         raise IdMapError(
-            f"the id map {directory} holds versions/{stray[:80]}, which is no version kvtrace "
+            f"the id map {directory} holds versions/{shown_name(stray[:80])}, which is no version kvtrace "
             f"writes (000001.json to {MAX_VERSION}.json): the map was edited. Restore "
             f"versions/ from a backup; nothing was read or written."
         )
@@ -703,7 +704,7 @@ def _folder_version(directory: str, folder: str) -> int:
     named = SEGMENT_FOLDER_NAME.fullmatch(folder)
     if named is None:
         raise IdMapError(
-            f"the id map {directory} holds segments/{folder[:80]}, which is no segment folder "
+            f"the id map {directory} holds segments/{shown_name(folder[:80])}, which is no segment folder "
             f"kvtrace writes (VERSION-NAME): the map was edited. Restore segments/ from a "
             f"backup; nothing was read or written."
         )
@@ -771,7 +772,7 @@ def _local_names(directory: str, folder: str, levels: list[str]) -> list[str]:
 
 def _unfit_entry(directory: str, name: str, wanted: str) -> IdMapError:
     return IdMapError(
-        f"the id map {directory} is damaged: {name[:120]} is not {wanted} (a link, FIFO or "
+        f"the id map {directory} is damaged: {shown_name(name[:120])} is not {wanted} (a link, FIFO or "
         f"other thing kvtrace never writes there). Restore the id map from a backup; nothing "
         f"was read or written."
     )
