@@ -82,6 +82,7 @@ from kvtrace.transforms.ids.map_record import (
 from kvtrace.transforms.ids.segments import (
     RowBounds,
     SegmentFile,
+    check_listed,
     index_path,
     merge_segment,
     write_segment,
@@ -1214,6 +1215,21 @@ def publish(
     return metadata
 
 
+def check_carried_files(directory: str, base: MapVersion, new: MapVersion) -> None:
+    """Refuse a commit that would list again a file of the base version damaged in place: a
+    night reads only the shards its keys fall in, so each file the new version carries over
+    is checked here by its index's sha256 and its footer's digest (segments.check_listed,
+    small reads: docs/ID_MAP.md has the cost). Its row groups are verified when read; one
+    damaged with its footer intact is the window docs/BOUNDS.md accepts."""
+    for kind in KINDS:
+        carried = {
+            storage.join(directory, name) for name in set(base.files[kind]) & set(new.files[kind])
+        }
+        for segment in base.segment_files(directory, kind):
+            if segment.path in carried:
+                check_listed(segment)
+
+
 def check_not_extended(directory: str, base: MapVersion) -> None:
     """Refuse a commit on a map another run extended since this one read it."""
     if current_version_number(directory) > base.version:
@@ -1337,6 +1353,7 @@ def publish_night(
                 key,
             )
         return published, None
+    check_carried_files(directory, base, new)
     record = publish(directory, base, new, key, committed, intending)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
