@@ -785,8 +785,9 @@ def check_listed_files(
     """Refuse a local map missing what its version lists: every segment folder (of `folders`,
     None: all) a real folder, every file listed there a regular file of its recorded size (one
     lstat each, no link followed). A night reads only the shards its keys fall in, so damage
-    elsewhere would otherwise be carried into the next version. An object store's files are
-    checked as they are read (segments.SegmentFile)."""
+    elsewhere would otherwise be carried into the next version (a file damaged in place, its
+    size kept: check_carried_files, before the commit). An object store's files are checked
+    as they are read (segments.SegmentFile) and by check_carried_files."""
     if storage.is_url(directory) or version.version == 0:
         return
     listed = sorted(

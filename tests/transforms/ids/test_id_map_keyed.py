@@ -98,6 +98,18 @@ def test_no_reader_parses_an_unverified_record_whole(monkeypatch):
     assert parses == []
 
 
+def test_a_format_3_record_of_many_values_is_refused_before_its_parse(monkeypatch):
+    """Keying's whole parse of a format-3 record is bounded by its values too (each follows a
+    comma, a colon or a bracket): short strings past MAX_RECORD_COMMAS are refused unparsed."""
+    monkeypatch.setattr(map_record, "MAX_RECORD_COMMAS", 10)
+    parses = []
+    monkeypatch.setattr(map_record.json, "loads", lambda *a, **k: parses.append(a))
+    strings = b'{"format":"kvtrace-id-map","format_version":3,"x":[' + b'"ab",' * 10 + b'"ab"]}'
+    with pytest.raises(IdMapError, match="000001.json.*over the 10 values a record holds"):
+        map_record.read_keyless_record(strings, "versions/000001.json")
+    assert parses == []
+
+
 def test_an_unverified_members_value_is_read_within_its_bound():
     """A member's value longer than MAX_MEMBER_BYTES reads as absent, never parsed; members
     nested deeper than the top level, or inside strings, are not the record's."""
