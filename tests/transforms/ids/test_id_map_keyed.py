@@ -110,6 +110,15 @@ def test_a_format_3_record_of_many_values_is_refused_before_its_parse(monkeypatc
     assert parses == []
 
 
+def test_a_value_an_unverified_record_names_is_shown_escaped_in_one_line():
+    raw = b'{"format":"kvtrace-id-map","format_version":7,"salt_fingerprint":"a\\nb\\u001b"}'
+    with pytest.raises(
+        IdMapError, match=r'names salt fingerprint "a\\nb\\u001b" \(str\)'
+    ) as refused:
+        read_record(raw, "versions/000002.json", KEY)
+    assert "\n" not in str(refused.value)
+
+
 def test_an_unverified_members_value_is_read_within_its_bound():
     """A member's value longer than MAX_MEMBER_BYTES reads as absent, never parsed; members
     nested deeper than the top level, or inside strings, are not the record's."""
