@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
 import re
 import shutil
@@ -294,7 +295,7 @@ def test_a_record_not_in_kvtraces_form_is_refused_even_with_the_same_content(
     record = _record(scratch)
     raw = _record_path(scratch).read_bytes()
     if edit == "repeat":  # the same key twice, the same value: the parsed content is unchanged
-        data = raw.removesuffix(b"}\n") + b',"version":%d}\n' % record["version"]
+        data = _signed(raw.removesuffix(b"}\n") + b',"version":%d}\n' % record["version"])
     elif edit == "unknown":
         content = {k: v for k, v in record.items() if k != "mac"} | {"note": "x"}
         data = keyed(content, KEY)
@@ -303,7 +304,7 @@ def test_a_record_not_in_kvtraces_form_is_refused_even_with_the_same_content(
     elif edit == "mac":  # not even hex (compare_digest refuses non-ASCII strings)
         data = record_bytes(record | {"mac": "\u00e9" * 64})
     elif edit == "overflow":  # a float no record holds (inf once parsed)
-        data = re.sub(rb'"timestamp_origin_ms":\d+', b'"timestamp_origin_ms":1e999', raw)
+        data = _signed(re.sub(rb'"timestamp_origin_ms":\d+', b'"timestamp_origin_ms":1e999', raw))
     else:
         data = json.dumps(record, sort_keys=True).encode()  # the MAC still matches its content
     with Altered(scratch, data):
@@ -316,6 +317,16 @@ def test_a_record_not_in_kvtraces_form_is_refused_even_with_the_same_content(
         "overflow": "1e999 is out of range",
         "mac": "MAC does not verify",
     }[edit] in message
+
+
+def _signed(edited: bytes) -> bytes:
+    """Bytes edited after their mac member, MACed again as keyed would (a holder of the salt's
+    edit): the MAC verifies, so only the parse's checks can refuse them (unverified bytes are
+    never parsed: map_record.unverified_members)."""
+    at = edited.index(b',"mac":"')
+    body = edited[:at] + edited[at + len(b',"mac":"') + 65 :]
+    mac = hmac.new(KEY.mac, body, hashlib.sha256).hexdigest().encode()
+    return body[:at] + b',"mac":"' + mac + b'"' + body[at:]
 
 
 def _swap_segments(map_dir: Path, record: dict[str, Any]) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids.exclusive import folder_lock, remove_stale_temp_files, replace_file
 from kvtrace.transforms.ids.map_files import map_file_exists, open_map_file
-from kvtrace.transforms.ids.map_record import MAX_VERSION, MapKey, keyed, unverified_json
+from kvtrace.transforms.ids.map_record import MAX_VERSION, MapKey, keyed, unverified_members
 
 MARKS = ".id-map-marks"
 MARK_FORMAT = "kvtrace-id-map-mark"
@@ -296,14 +296,10 @@ def descends(
 
 def previous_sha256(raw: bytes) -> str | None:
     """The sha256 a record names for the record before it; None for one from before the chain
-    (or bytes that are no record, or over a record's bounds: the walk then fails on the hashes,
-    never on a parse). The record may not be verified yet (the newest, read to check its
-    anchor before its MAC), so its parse is bounded as any unverified record's."""
-    try:
-        data = unverified_json(raw)
-    except (ValueError, RecursionError):
-        return None
-    previous = data.get("previous_sha256") if type(data) is dict else None
+    (or bytes that name none: the walk then fails on the hashes). The record may not be
+    verified yet (the newest, read to check its anchor before its MAC), so the member is read
+    unparsed, as any unverified record's (map_record.unverified_members)."""
+    previous = unverified_members(raw, ("previous_sha256",)).get("previous_sha256")
     return previous if type(previous) is str else None
 
 

@@ -51,6 +51,7 @@ from typing import IO, Any
 import numpy as np
 
 from kvtrace.transforms import storage
+from kvtrace.transforms.dead_letters import shown_name
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.timestamp_kinds import KIND_WORDS
 from kvtrace.transforms.errors import IdMapError, JobStopped
@@ -81,6 +82,7 @@ from kvtrace.transforms.ids.map_record import (
 from kvtrace.transforms.ids.segments import (
     RowBounds,
     SegmentFile,
+    check_listed,
     index_path,
     merge_segment,
     write_segment,
@@ -686,7 +688,7 @@ def _committed_versions(directory: str) -> list[int]:
     stray = next((name for name in names if not VERSION_NAME.fullmatch(name)), None)
     if stray is not None:
         raise IdMapError(
-            f"the id map {directory} holds versions/{stray[:80]}, which is no version kvtrace "
+            f"the id map {directory} holds versions/{shown_name(stray[:80])}, which is no version kvtrace "
             f"writes (000001.json to {MAX_VERSION}.json): the map was edited. Restore "
             f"versions/ from a backup; nothing was read or written."
         )
@@ -703,7 +705,7 @@ def _folder_version(directory: str, folder: str) -> int:
     named = SEGMENT_FOLDER_NAME.fullmatch(folder)
     if named is None:
         raise IdMapError(
-            f"the id map {directory} holds segments/{folder[:80]}, which is no segment folder "
+            f"the id map {directory} holds segments/{shown_name(folder[:80])}, which is no segment folder "
             f"kvtrace writes (VERSION-NAME): the map was edited. Restore segments/ from a "
             f"backup; nothing was read or written."
         )
@@ -771,7 +773,7 @@ def _local_names(directory: str, folder: str, levels: list[str]) -> list[str]:
 
 def _unfit_entry(directory: str, name: str, wanted: str) -> IdMapError:
     return IdMapError(
-        f"the id map {directory} is damaged: {name[:120]} is not {wanted} (a link, FIFO or "
+        f"the id map {directory} is damaged: {shown_name(name[:120])} is not {wanted} (a link, FIFO or "
         f"other thing kvtrace never writes there). Restore the id map from a backup; nothing "
         f"was read or written."
     )
@@ -783,8 +785,9 @@ def check_listed_files(
     """Refuse a local map missing what its version lists: every segment folder (of `folders`,
     None: all) a real folder, every file listed there a regular file of its recorded size (one
     lstat each, no link followed). A night reads only the shards its keys fall in, so damage
-    elsewhere would otherwise be carried into the next version. An object store's files are
-    checked as they are read (segments.SegmentFile)."""
+    elsewhere would otherwise be carried into the next version (a file damaged in place, its
+    size kept: check_carried_files, before the commit). An object store's files are checked
+    as they are read (segments.SegmentFile) and by check_carried_files."""
     if storage.is_url(directory) or version.version == 0:
         return
     listed = sorted(
@@ -1213,6 +1216,21 @@ def publish(
     return metadata
 
 
+def check_carried_files(directory: str, base: MapVersion, new: MapVersion) -> None:
+    """Refuse a commit that would list again a file of the base version damaged in place: a
+    night reads only the shards its keys fall in, so each file the new version carries over
+    is checked here by its index's sha256 and its footer's digest (segments.check_listed,
+    small reads: docs/ID_MAP.md has the cost). Its row groups are verified when read; one
+    damaged with its footer intact is the window docs/BOUNDS.md accepts."""
+    for kind in KINDS:
+        carried = {
+            storage.join(directory, name) for name in set(base.files[kind]) & set(new.files[kind])
+        }
+        for segment in base.segment_files(directory, kind):
+            if segment.path in carried:
+                check_listed(segment)
+
+
 def check_not_extended(directory: str, base: MapVersion) -> None:
     """Refuse a commit on a map another run extended since this one read it."""
     if current_version_number(directory) > base.version:
@@ -1336,6 +1354,7 @@ def publish_night(
                 key,
             )
         return published, None
+    check_carried_files(directory, base, new)
     record = publish(directory, base, new, key, committed, intending)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version

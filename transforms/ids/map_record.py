@@ -21,11 +21,12 @@ and id_map.key_format_3_map), by whoever holds its salt.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,9 +79,15 @@ MAX_VERSION = 999_999  # version files are named by six digits
 # The record of the largest map (33 segments x 4096 shards per kind) is ~150 MB.
 MAX_RECORD_BYTES = 256 << 20
 # Objects and lists in the largest record: 3 per history entry (one a version) and one per
-# checksum (a segment file and its index, 33 x 4096 per kind). What a record not verified by
-# its MAC may parse to (json_tree.containers_over): ~64 bytes of Python each.
+# checksum (a segment file and its index, 33 x 4096 per kind). What a format-3 record, parsed
+# before its sha256 is checked (read_keyless_record), may parse to (json_tree.containers_over):
+# ~64 bytes of Python each.
 MAX_RECORD_CONTAINERS = 3 * MAX_VERSION + 4 * 33 * MAX_HASH_SHARDS + 64
+# Commas in the largest record, strings' included: 5 per format-3 history entry and 3 per
+# checksum (its two members, the next checksum, its name in files). With the containers, they
+# bound every value a format-3 record parses to (each follows a comma, a colon or a bracket),
+# ~60 bytes of Python each: a value's text may be 3 bytes.
+MAX_RECORD_COMMAS = 5 * MAX_VERSION + 3 * 4 * 33 * MAX_HASH_SHARDS + 1024
 MAX_BLOCK_SIZE = 1 << 20  # the CLI's bound
 SEGMENT_NAME = re.compile(r"segments/(\d{6})-[0-9a-f]{12}/(blocks|sessions)-(\d{5})\.parquet")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -178,16 +185,25 @@ def _signed_by(raw: bytes, key: MapKey) -> str | None:
     Only the first member named mac at depth 1 is tried (chat_template_kwargs, before it, may
     hold one too): one HMAC, linear time, no parse. A cut of bytes kvtrace did not write fails
     the MAC; one it did write is the record's own, which read_record confirms parsed."""
-    view, depth, start = memoryview(raw), 0, 0
-    for member in _MAC_MEMBER.finditer(raw):
-        depth += _depth_change(raw[start : member.start()])
-        start = member.end()
-        if depth == 1:
-            signed = hmac.new(key.mac, view[: member.start()], hashlib.sha256)
-            signed.update(view[member.end() :])
-            mac = member[1].decode()
-            return mac if hmac.compare_digest(signed.hexdigest(), mac) else None
+    for member in _at_depth_1(raw, _MAC_MEMBER.finditer(raw)):
+        view = memoryview(raw)
+        signed = hmac.new(key.mac, view[: member.start()], hashlib.sha256)
+        signed.update(view[member.end() :])
+        mac = member[1].decode()
+        return mac if hmac.compare_digest(signed.hexdigest(), mac) else None
     return None
+
+
+def _at_depth_1(raw: bytes, matches: Iterable[re.Match[bytes]]) -> Iterator[re.Match[bytes]]:
+    """The matches (in order, of text holding no brackets) that lie in the top-level object of
+    JSON text: the one scan that reads a record's members without parsing it, linear time at
+    C speed, and no further than the last match it is asked for."""
+    depth, start = 0, 0
+    for match in matches:
+        depth += _depth_change(raw[start : match.start()])
+        start = match.end()
+        if depth == 1:
+            yield match
 
 
 def _depth_change(text: bytes) -> int:
@@ -203,10 +219,10 @@ def _depth_change(text: bytes) -> int:
 def _unverified(
     raw: bytes, where: str, key: MapKey, below_is_keyed: Callable[[], bool]
 ) -> IdMapError:
-    """Why a record's MAC did not verify, told from its fields parsed within the bound of an
-    unverified record (_parsed): a format-3 record, another salt's, or an altered one."""
-    data = _parsed(raw, where)
-    if data["format_version"] == KEYLESS_FORMAT:
+    """Why a record's MAC did not verify, told from a few of its top-level members read
+    unparsed (unverified_members): a format-3 record, another salt's, or an altered one."""
+    data = unverified_members(raw, ("format", "format_version", "salt_fingerprint"))
+    if _checked_format(data, where)["format_version"] == KEYLESS_FORMAT:
         if below_is_keyed():
             return IdMapError(
                 f"{where} is of id map format {KEYLESS_FORMAT} above a keyed version: kvtrace "
@@ -220,31 +236,81 @@ def _unverified(
             f"docs/ID_MAP.md, 'Format 3 maps'); otherwise "
             f"restore the id map from a backup. Nothing was read or written."
         )
-    if _content_verifies(data, key, where):
-        return _altered(where, "its bytes are not the form kvtrace writes")
     named = data.get("salt_fingerprint")
-    hint = (
-        f" (it names salt fingerprint {str(named)[:16]}, this run's salt has "
-        f"{key.salt_fingerprint})"
-        if named != key.salt_fingerprint
-        else ""
+    why = (
+        "it names this salt's fingerprint, so its bytes are not the form kvtrace writes: it "
+        "was damaged or altered"
+        if named == key.salt_fingerprint
+        else f"either the salt is not the map's (it names "
+        f"{'no salt fingerprint' if named is None else 'salt fingerprint ' + _shown(named)}, "
+        f"this run's salt has {key.salt_fingerprint}), or the map was damaged or altered"
     )
     return IdMapError(
-        f"{where}: its MAC does not verify with this run's salt: either the salt is not the "
-        f"map's{hint}, or the map was damaged or altered. Run with the salt the map was built "
-        f"with, or restore the id map from a backup; nothing was read or written."
+        f"{where}: its MAC does not verify with this run's salt: {why}. Run with the salt the "
+        f"map was built with, or restore the id map from a backup; nothing was read or written."
     )
+
+
+# The most bytes of a member's value read unverified: the longest value read so is a sha256.
+MAX_MEMBER_BYTES = 256
+_SPACE = rb"[ \t\n\r]*"  # what JSON allows between tokens
+
+
+def unverified_members(raw: bytes, names: tuple[str, ...]) -> dict[str, Any]:
+    """The values of the named members of a record's top-level object, read without parsing
+    the record (what its MAC does not vouch for costs its bytes, never their parse): the first
+    at depth 1 of each name, as kvtrace or an older kvtrace writes it (spaces allowed), its
+    value at most MAX_MEMBER_BYTES of JSON; a name not found so is absent. Nothing of it is
+    trusted: it only says why a record is refused, or where a chain walk looks next."""
+    if len(raw) > MAX_RECORD_BYTES:
+        return {}
+    # One literal pattern a name (found at C speed, where an alternation of names steps
+    # through every quote), their matches merged in order for the one depth scan.
+    matches = heapq.merge(
+        *(
+            re.compile(rb'"%s"%s:%s' % (re.escape(name.encode()), _SPACE, _SPACE)).finditer(raw)
+            for name in names
+        ),
+        key=lambda match: match.start(),
+    )
+    decoder = json.JSONDecoder(
+        object_pairs_hook=_no_repeated_keys, parse_constant=_no_constant, parse_float=_finite
+    )
+    found: dict[str, Any] = {}
+    for member in _at_depth_1(raw, matches):
+        name = member[0].split(b'"', 2)[1].decode()
+        if name in found:
+            continue
+        text = raw[member.end() : member.end() + MAX_MEMBER_BYTES].decode("utf-8", "replace")
+        try:
+            found[name] = decoder.raw_decode(text)[0]
+        except (ValueError, RecursionError):
+            found[name] = None
+        if len(found) == len(names):
+            break
+    return {name: value for name, value in found.items() if value is not None}
 
 
 def read_keyless_record(raw: bytes, where: str) -> dict[str, Any]:
     """A format-3 record's fields, verified by its own sha256 and checked field by field: what
-    keying a map built before keying reads (id_map.key_format_3_map), and nothing else."""
-    data = _parsed(raw, where)
-    if data["format_version"] != KEYLESS_FORMAT:
+    keying a map built before keying reads (id_map.key_format_3_map), and nothing else. The
+    one whole parse of a record no MAC vouches for (whoever keys a map vouches for it), and it
+    too is bounded: a record of another format is refused before it, and it parses only
+    within what the largest record holds (MAX_RECORD_CONTAINERS, MAX_RECORD_COMMAS)."""
+    form = format_of(raw, where)
+    if form != KEYLESS_FORMAT:
         raise IdMapError(
-            f"{where} is of id map format {data['format_version']}, not "
-            f"{KEYLESS_FORMAT}: it is keyed already"
+            f"{where} is of id map format {form}, not {KEYLESS_FORMAT}: it is keyed already"
         )
+    containers = containers_over(raw, MAX_RECORD_CONTAINERS)
+    if containers is not None:
+        raise _altered(
+            where,
+            f"{containers} objects and lists, over the {MAX_RECORD_CONTAINERS} a record holds",
+        )
+    if raw.count(b",") > MAX_RECORD_COMMAS:
+        raise _altered(where, f"over the {MAX_RECORD_COMMAS} values a record holds")
+    data = _checked_format(_loaded(raw, where), where)
     if data.get("sha256") != keyless_checksum({k: v for k, v in data.items() if k != "sha256"}):
         raise IdMapError(
             f"{where} is damaged: its content does not match its sha256. "
@@ -255,31 +321,10 @@ def read_keyless_record(raw: bytes, where: str) -> dict[str, Any]:
 
 
 def format_of(raw: bytes, where: str) -> int:
-    """A record's format version, 3 to 7 (anything else refused), nothing of it trusted yet."""
-    return _parsed(raw, where)["format_version"]
-
-
-def _parsed(raw: bytes, where: str) -> dict[str, Any]:
-    """The JSON of a record not verified (yet, or ever: format 3), bounded: at most
-    MAX_RECORD_BYTES and MAX_RECORD_CONTAINERS, of a format this kvtrace knows (its fields not
-    yet trusted)."""
-    if len(raw) > MAX_RECORD_BYTES:
-        raise _altered(where, f"over {MAX_RECORD_BYTES} bytes")
-    containers = containers_over(raw, MAX_RECORD_CONTAINERS)
-    if containers is not None:
-        raise _altered(
-            where,
-            f"{containers} objects and lists, over the {MAX_RECORD_CONTAINERS} a record holds",
-        )
-    return _checked_format(_loaded(raw, where), where)
-
-
-def unverified_json(raw: bytes) -> Any:
-    """A record's JSON before (or without) its verification, within the bound of _parsed;
-    ValueError when it is over it or no JSON."""
-    if len(raw) > MAX_RECORD_BYTES or containers_over(raw, MAX_RECORD_CONTAINERS) is not None:
-        raise ValueError("over the bounds of a record")
-    return json.loads(raw)
+    """A record's format version, 3 to 7 (anything else refused), read from its top-level
+    member unparsed (unverified_members): nothing of it trusted yet."""
+    members = unverified_members(raw, ("format", "format_version"))
+    return _checked_format(members, where)["format_version"]
 
 
 def _loaded(raw: bytes, where: str) -> Any:
@@ -307,8 +352,8 @@ def _checked_format(data: Any, where: str) -> dict[str, Any]:
         KEYLESS_FORMAT,
     ):
         raise IdMapError(
-            f"{where} has id map format version {form}; this kvtrace reads versions "
-            f"{UNKINDED_FORMAT} to {FORMAT_VERSION}. Start a new map in another directory."
+            f"{where} has id map format version {json.dumps(form)[:40]}; this kvtrace reads "
+            f"versions {UNKINDED_FORMAT} to {FORMAT_VERSION}. Start a new map in another directory."
         )
     return data
 
@@ -342,18 +387,6 @@ def keyed_map_id(first: dict[str, Any], key: MapKey) -> str:
 def origin_kind(origin_ms: int | None) -> str | None:
     """The kind of time a map's origin is, and so every night of it: None before it has one."""
     return None if origin_ms is None else timestamp_kind(origin_ms)
-
-
-def _content_verifies(data: dict[str, Any], key: MapKey, where: str) -> bool:
-    """Whether the content parsed verifies by the MAC it names, written as kvtrace writes it:
-    then the salt is the map's and only the bytes' form was changed."""
-    mac = data.get("mac")
-    try:
-        expected = _mac({k: v for k, v in data.items() if k != "mac"}, key)
-    except (ValueError, RecursionError) as err:  # nesting deeper than the encoder's limit
-        raise _altered(where, str(err)[:80]) from None
-    # compare_digest takes ASCII strings only: a MAC of other characters is no MAC.
-    return _is_hex64(mac) and hmac.compare_digest(mac, expected)
 
 
 def _altered(where: str, why: str) -> IdMapError:

@@ -467,12 +467,7 @@ class _VerifiedFile:
 
     def __init__(self, handle: IO[bytes], segment: SegmentFile, index: Index):
         self._handle, self._path, self._digests = handle, segment.path, index.group_sha256
-        self.size = handle.seek(0, io.SEEK_END)
-        _check(self._path, {"bytes": self.size}, segment.data)
-        self._footer = _read_footer(handle, self.size)
-        _check(
-            self._path, {"footer_sha256": hashlib.sha256(self._footer).hexdigest()}, segment.data
-        )
+        self.size, self._footer = _checked_footer(handle, segment)
         self.metadata = pq.read_metadata(pa.py_buffer(self._footer))
         if self.metadata.num_row_groups != len(self._digests):
             raise damaged(self._path, "it does not match its index")
@@ -496,6 +491,27 @@ class _VerifiedFile:
             self.read += sum(length for _, length in ranges)
         parquet = pq.ParquetFile(pa.py_buffer(verified), metadata=self.metadata, pre_buffer=False)
         return parquet.read_row_groups(groups)
+
+
+def _checked_footer(handle: IO[bytes], segment: SegmentFile) -> tuple[int, bytes]:
+    """The size and footer of an open segment file, once they match what the map recorded."""
+    size = handle.seek(0, io.SEEK_END)
+    _check(segment.path, {"bytes": size}, segment.data)
+    footer = _read_footer(handle, size)
+    _check(segment.path, {"footer_sha256": hashlib.sha256(footer).hexdigest()}, segment.data)
+    return size, footer
+
+
+def check_listed(segment: SegmentFile) -> None:
+    """A listed file checked in small reads: its index by its sha256, its size and footer by
+    the record's digests (the footer fixes every row group's place; the index holds each row
+    group's digest, so a row group is verified whenever it is read, never here)."""
+    _read_whole(index_path(segment.path), segment.index)
+    try:
+        with _opened(segment.path) as handle:
+            _checked_footer(handle, segment)
+    except OSError as err:
+        raise damaged(segment.path, f"unreadable: {err.strerror or err}") from None
 
 
 def _read_range(handle: IO[bytes], path: str, start: int, length: int, end: int) -> bytes:

@@ -398,6 +398,14 @@ def test_a_version_name_kvtrace_never_writes_is_refused_before_it_is_read_as_a_n
     assert name in str(refused.value) and "\n" not in str(refused.value)
 
 
+def test_a_stray_name_is_shown_escaped_and_cut_in_one_line(tmp_path):
+    _map_of_nights(tmp_path, "a")
+    (tmp_path / "versions" / ("0\n\x1b[2J" + "9" * 200 + ".json")).write_bytes(b"")
+    with pytest.raises(IdMapError, match=r"versions/0\\u000a\\u001b\[2J9+,") as refused:
+        id_map.current_version_number(str(tmp_path))
+    assert "\n" not in str(refused.value) and "9" * 81 not in str(refused.value)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.sets(st.integers(1, map_record.MAX_VERSION), max_size=8))
 def test_the_first_missing_versions_are_found_in_the_gaps(present):

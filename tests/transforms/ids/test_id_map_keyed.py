@@ -76,22 +76,56 @@ def test_the_mac_verified_is_the_records_own_member_not_one_nested_before_it():
         read_record(raw, "v", map_key(SALT + b"!"))
 
 
-def test_a_record_is_not_parsed_past_an_unverified_records_bounds(monkeypatch):
-    """Unverified bytes (no MAC that verifies) parse only within MAX_RECORD_CONTAINERS: over
-    it, every reader of a record refuses it, or reads no chain from it, before json.loads."""
+def test_no_reader_parses_an_unverified_record_whole(monkeypatch):
+    """Unverified bytes (no MAC that verifies) are never parsed whole: every reader of a record
+    refuses it, or reads its chain, from a few top-level members of bounded size; only keying
+    a format-3 map (read_keyless_record) parses one, within its bounds."""
     from kvtrace.transforms.ids import anchor
 
     monkeypatch.setattr(map_record, "MAX_RECORD_CONTAINERS", 10)
     parses = []
     monkeypatch.setattr(map_record.json, "loads", lambda *a, **k: parses.append(a))
-    lists = b'{"format":"kvtrace-id-map","format_version":7,"previous_sha256":"' + b"a" * 64
-    lists += b'","x":[' + b"[]," * 10 + b"[]]}\n"
-    for read in (
-        lambda: read_record(lists, "versions/000002.json", KEY),
-        lambda: map_record.format_of(lists, "versions/000002.json"),
-        lambda: map_record.read_keyless_record(lists, "versions/000002.json"),
-    ):
-        with pytest.raises(IdMapError, match="000002.json.*13 objects and lists"):
-            read()
-    assert anchor.previous_sha256(lists) is None
+    head = b'{"format":"kvtrace-id-map","format_version":%d,"previous_sha256":"' + b"a" * 64
+    lists = head % 7 + b'","x":[{"format_version":3},' + b"[]," * 10 + b"[]]}\n"
+    with pytest.raises(IdMapError, match="000002.json: its MAC does not verify.*no salt"):
+        read_record(lists, "versions/000002.json", KEY)
+    assert map_record.format_of(lists, "versions/000002.json") == 7
+    with pytest.raises(IdMapError, match="000002.json is of id map format 7, not 3"):
+        map_record.read_keyless_record(lists, "versions/000002.json")
+    with pytest.raises(IdMapError, match="000002.json.*14 objects and lists"):
+        map_record.read_keyless_record(head % 3 + lists[len(head % 7) :], "versions/000002.json")
+    assert anchor.previous_sha256(lists) == "a" * 64
     assert parses == []
+
+
+def test_a_format_3_record_of_many_values_is_refused_before_its_parse(monkeypatch):
+    """Keying's whole parse of a format-3 record is bounded by its values too (each follows a
+    comma, a colon or a bracket): short strings past MAX_RECORD_COMMAS are refused unparsed."""
+    monkeypatch.setattr(map_record, "MAX_RECORD_COMMAS", 10)
+    parses = []
+    monkeypatch.setattr(map_record.json, "loads", lambda *a, **k: parses.append(a))
+    strings = b'{"format":"kvtrace-id-map","format_version":3,"x":[' + b'"ab",' * 10 + b'"ab"]}'
+    with pytest.raises(IdMapError, match="000001.json.*over the 10 values a record holds"):
+        map_record.read_keyless_record(strings, "versions/000001.json")
+    assert parses == []
+
+
+def test_a_value_an_unverified_record_names_is_shown_escaped_in_one_line():
+    raw = b'{"format":"kvtrace-id-map","format_version":7,"salt_fingerprint":"a\\nb\\u001b"}'
+    with pytest.raises(
+        IdMapError, match=r'names salt fingerprint "a\\nb\\u001b" \(str\)'
+    ) as refused:
+        read_record(raw, "versions/000002.json", KEY)
+    assert "\n" not in str(refused.value)
+
+
+def test_an_unverified_members_value_is_read_within_its_bound():
+    """A member's value longer than MAX_MEMBER_BYTES reads as absent, never parsed; members
+    nested deeper than the top level, or inside strings, are not the record's."""
+    value = "b" * map_record.MAX_MEMBER_BYTES
+    raw = b'{"a":{"previous_sha256":"c"},"s":"{\\"x\\":1,\\"format\\":2}","x":[1],'
+    raw += b' "format" : "f", "previous_sha256":"%s"}' % value.encode()
+    assert map_record.unverified_members(raw, ("format", "previous_sha256", "x")) == {
+        "format": "f",
+        "x": [1],
+    }

@@ -154,3 +154,23 @@ def test_digests_are_of_each_row_groups_column_chunks(tmp_path):
     for group in range(3):
         chunks = b"".join(data[s : s + n] for s, n in segments.chunk_ranges(metadata, group))
         assert digests[group].tobytes() == hashlib.sha256(chunks).digest()
+
+
+@pytest.mark.parametrize("part", ["footer", "index", "row group"])
+def test_a_listed_file_is_checked_by_its_index_and_footer_before_a_commit(tmp_path, part):
+    """check_listed (a commit's check of each file it carries over) refuses a changed index or
+    footer in one line naming the file; a row group changed under an intact footer passes it
+    (the accepted window, docs/BOUNDS.md) and is refused when it is read."""
+    rows = numbered(3000, 7)
+    segment = _written(tmp_path, rows)
+    path = Path(index_path(segment.path) if part == "index" else segment.path)
+    raw = bytearray(path.read_bytes())
+    raw[{"footer": -9, "index": 100, "row group": 100}[part]] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    if part == "row group":
+        segments.check_listed(segment)
+        assert _outcome(segment, None) == "refused"
+        return
+    with pytest.raises(JobStopped) as refused:
+        segments.check_listed(segment)
+    assert str(path) in str(refused.value) and "\n" not in str(refused.value)
