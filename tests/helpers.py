@@ -919,3 +919,41 @@ def _open_then_stop(path, *args, **kwargs):
     return handle
 os.open = _open_then_stop
 """
+
+
+# A keyed id map kvtrace wrote over a few nights, for the tests that damage one.
+MAP_SALT = b"keyed-map-test-salt-of-32-bytes!"
+MAP_NIGHT_ZERO_MS = 1_700_000_000_000
+MAP_NIGHT_PROMPTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "What is the capital of France ? The capital of France is Paris .",
+    "What is the capital of Finland ? The capital of Finland is Helsinki .",
+]
+
+
+def map_night(folder: Path, day: int) -> Path:
+    """Night `day`'s one-request input (its prompt twice, so blocks repeat across nights)."""
+    prompt = MAP_NIGHT_PROMPTS[day]
+    return write_jsonl(
+        folder / f"night{day}.jsonl",
+        [
+            {
+                "timestamp": MAP_NIGHT_ZERO_MS + day * 86_400_000,
+                "output_length": 5,
+                "messages": [{"role": "user", "content": f"{prompt} {prompt}"}],
+            }
+        ],
+    )
+
+
+def map_of_nights(tokenizer: str, folder: Path, nights: int) -> list[str]:
+    """A keyed map kvtrace wrote over `nights` nights in folder; returns the flags naming it."""
+    folder.mkdir(exist_ok=True)
+    salt = folder / "salt"
+    salt.write_bytes(MAP_SALT)
+    common = ["--id-map", str(folder / "map"), "--id-map-marks", str(folder / "marks")]
+    common += ["--salt-file", str(salt)]
+    for day in range(nights):
+        out = folder / f"out{day}"
+        assert anonymize_night(tokenizer, [map_night(folder, day)], out, *common) == 0
+    return common

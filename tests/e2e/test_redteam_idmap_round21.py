@@ -10,44 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from helpers import KVTRACE, ROOT, anonymize_night, peak_rss_mb, write_jsonl
+from helpers import (
+    KVTRACE,
+    MAP_NIGHT_ZERO_MS,
+    MAP_SALT,
+    ROOT,
+    anonymize_night,
+    map_night,
+    map_of_nights,
+    peak_rss_mb,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.slow
-
-SALT = b"keyed-map-test-salt-of-32-bytes!"
-ZERO = 1_700_000_000_000
-PROMPTS = [
-    "the quick brown fox jumps over the lazy dog",
-    "What is the capital of France ? The capital of France is Paris .",
-    "What is the capital of Finland ? The capital of Finland is Helsinki .",
-]
-
-
-def _night(folder: Path, day: int) -> Path:
-    prompt = PROMPTS[day]
-    return write_jsonl(
-        folder / f"night{day}.jsonl",
-        [
-            {
-                "timestamp": ZERO + day * 86_400_000,
-                "output_length": 5,
-                "messages": [{"role": "user", "content": f"{prompt} {prompt}"}],
-            }
-        ],
-    )
-
-
-def _map_of_nights(tokenizer: str, tmp_path: Path, nights: int) -> list[str]:
-    """A map kvtrace wrote over `nights` nights; returns the flags that name it."""
-    tmp_path.mkdir(exist_ok=True)
-    salt = tmp_path / "salt"
-    salt.write_bytes(SALT)
-    common = ["--id-map", str(tmp_path / "map"), "--id-map-marks", str(tmp_path / "marks")]
-    common += ["--salt-file", str(salt)]
-    for day in range(nights):
-        out = tmp_path / f"out{day}"
-        assert anonymize_night(tokenizer, [_night(tmp_path, day)], out, *common) == 0
-    return common
 
 
 def test_a_record_of_empty_lists_in_a_versions_place_is_refused_in_bounded_memory(
@@ -64,13 +39,13 @@ def test_a_record_of_empty_lists_in_a_versions_place_is_refused_in_bounded_memor
     refuses the MAC; at the 256 MiB the read allows, ~7.5 GB; under a memory limit it ends 'the
     job failed: MemoryError' (exit 1), not the refusal. The same parse opens the map in `kvtrace
     audit --id-map`, `id-map rebind` and `id-map upgrade`."""
-    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
     newest = tmp_path / "map" / "versions" / "000002.json"
     lists = (48 << 20) // 3
     newest.write_bytes(
         b'{"format":"kvtrace-id-map","format_version":7,"x":[' + b"[]," * lists + b"[]]}\n"
     )
-    night = _night(tmp_path, 2)
+    night = map_night(tmp_path, 2)
     code, peak, stderr = peak_rss_mb(
         [*KVTRACE, "anonymize", "--input", str(night), "--tokenizer", tiny_tokenizer]
         + ["--block-size", "4", "--output", str(tmp_path / "out2"), "--quiet", *common]
@@ -92,9 +67,9 @@ def test_a_dangling_link_in_the_next_versions_place_is_refused_as_the_map_opens(
     exclusive.create_exclusive's link(2) finds the name taken and the night is told 'the id map
     was extended by another run while this one ran ... Run the night again': every rerun does
     the work again and ends so, and nothing names the file to remove."""
-    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
     (tmp_path / "map" / "versions" / "000003.json").symlink_to(tmp_path / "nowhere")
-    night = _night(tmp_path, 2)
+    night = map_night(tmp_path, 2)
     code, _, stderr = peak_rss_mb(
         [*KVTRACE, "anonymize", "--input", str(night), "--tokenizer", tiny_tokenizer]
         + ["--block-size", "4", "--output", str(tmp_path / "out2"), "--quiet", *common]
@@ -115,14 +90,16 @@ def test_a_map_missing_a_listed_segment_folder_is_not_extended(tiny_tokenizer, t
     version still lists), the next night whose keys fall in other shards recreates the folder,
     empty but for COMMITTED, publishes, and commits version 3 listing files that are gone: the
     damage is carried into a new version, and backups from before it are now rollbacks."""
-    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
     (first,) = (tmp_path / "map" / "segments").glob("000001-*")
     listed = sorted(p.name for p in first.iterdir())
     assert any(name.endswith(".parquet") for name in listed)
     for path in first.iterdir():
         path.unlink()
     first.rmdir()
-    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2", *common) != 0
+    assert (
+        anonymize_night(tiny_tokenizer, [map_night(tmp_path, 2)], tmp_path / "out2", *common) != 0
+    )
     assert not (tmp_path / "map" / "versions" / "000003.json").exists()
     assert not (tmp_path / "out2" / "manifest.json").exists()
 
@@ -150,7 +127,7 @@ def test_a_folding_night_reads_no_segment_footer_before_it_is_verified(tiny_toke
     and ends 'the job failed: Couldn't deserialize thrift', never the one-line damage refusal
     naming the file (and a crafted footer reaches Arrow's parser, which docs/BOUNDS.md records
     aborting the process on one byte)."""
-    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
     segments = sorted((tmp_path / "map" / "segments").glob("*/blocks-*.parquet"))
     victim = segments[0]
     size = 1 << 30
@@ -158,7 +135,7 @@ def test_a_folding_night_reads_no_segment_footer_before_it_is_verified(tiny_toke
         handle.truncate(size)
         handle.seek(size - 8)
         handle.write((size - 16).to_bytes(4, "little") + b"PAR1")
-    night = _night(tmp_path, 2)
+    night = map_night(tmp_path, 2)
     code, peak, stderr = peak_rss_mb(
         [sys.executable, "-c", _FOLDING_EVERY_2_NIGHTS, "anonymize", "--input", str(night)]
         + ["--tokenizer", tiny_tokenizer, "--block-size", "4", "--output", str(tmp_path / "out2")]
@@ -186,9 +163,9 @@ def test_a_fifo_in_a_committed_marks_place_is_one_line_not_a_hang(tiny_tokenizer
     newest record lists that has none (storage.files_in lists regular files only, so a FIFO
     named COMMITTED is 'none') with storage.create: open(O_WRONLY|O_CREAT) on the FIFO, which
     waits for a reader forever. Every night then hangs before any work."""
-    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
     os.mkfifo(_newest_folder_unmarked(tmp_path))
-    command = [*KVTRACE, "anonymize", "--input", str(_night(tmp_path, 2))]
+    command = [*KVTRACE, "anonymize", "--input", str(map_night(tmp_path, 2))]
     command += ["--tokenizer", tiny_tokenizer, "--block-size", "4"]
     command += ["--output", str(tmp_path / "out2"), "--quiet", *common]
     try:
@@ -204,11 +181,11 @@ def test_a_link_in_a_committed_marks_place_makes_no_file_outside_the_map(tiny_to
     a run act elsewhere). The same write follows a dangling link named COMMITTED: the night
     creates an empty owner-only file wherever the link points (any path the run's user may
     write: another map's next version, a name a later step expects free) and publishes."""
-    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
     outside = tmp_path / "elsewhere" / "made-by-the-night"
     outside.parent.mkdir()
     _newest_folder_unmarked(tmp_path).symlink_to(outside)
-    anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2", *common)
+    anonymize_night(tiny_tokenizer, [map_night(tmp_path, 2)], tmp_path / "out2", *common)
     assert not outside.exists()
 
 
@@ -221,15 +198,21 @@ def test_a_link_in_place_of_segments_deletes_no_other_maps_files(tiny_tokenizer,
     is read. With the map's segments/ replaced by a link to another map's segments/ (a map of
     the same operator its writer cannot write), the night deletes that map's every segment
     file and leaves COMMITTED-only folders there; only then does it fail on its own files."""
-    common = _map_of_nights(tiny_tokenizer, tmp_path / "attacked", 2)
+    common = map_of_nights(tiny_tokenizer, tmp_path / "attacked", 2)
     victim = tmp_path / "victim"
     victim.mkdir()
-    (victim / "salt").write_bytes(SALT)
+    (victim / "salt").write_bytes(MAP_SALT)
     flags = ["--id-map", str(victim / "map"), "--id-map-marks", str(victim / "marks")]
     flags += ["--salt-file", str(victim / "salt")]
     other = write_jsonl(
         victim / "night.jsonl",
-        [{"timestamp": ZERO, "output_length": 5, "messages": [{"role": "user", "content": "a b"}]}],
+        [
+            {
+                "timestamp": MAP_NIGHT_ZERO_MS,
+                "output_length": 5,
+                "messages": [{"role": "user", "content": "a b"}],
+            }
+        ],
     )
     assert anonymize_night(tiny_tokenizer, [other], victim / "out", *flags) == 0
     kept = sorted((victim / "map" / "segments").glob("*/*.parquet"))
@@ -237,6 +220,6 @@ def test_a_link_in_place_of_segments_deletes_no_other_maps_files(tiny_tokenizer,
     segments = tmp_path / "attacked" / "map" / "segments"
     segments.rename(segments.with_name("segments.moved"))
     segments.symlink_to(victim / "map" / "segments")
-    night = _night(tmp_path, 2)
+    night = map_night(tmp_path, 2)
     anonymize_night(tiny_tokenizer, [night], tmp_path / "attacked" / "out2", *common)
     assert all(path.exists() for path in kept)

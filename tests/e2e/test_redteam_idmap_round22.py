@@ -7,48 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import KVTRACE, anonymize_night, peak_rss_mb, write_jsonl
+from helpers import KVTRACE, map_night, map_of_nights, peak_rss_mb
 
 pytestmark = pytest.mark.slow
-
-SALT = b"keyed-map-test-salt-of-32-bytes!"
-ZERO = 1_700_000_000_000
-PROMPTS = [
-    "the quick brown fox jumps over the lazy dog",
-    "What is the capital of France ? The capital of France is Paris .",
-    "What is the capital of Finland ? The capital of Finland is Helsinki .",
-]
-
-
-def _night(folder: Path, day: int) -> Path:
-    prompt = PROMPTS[day]
-    return write_jsonl(
-        folder / f"night{day}.jsonl",
-        [
-            {
-                "timestamp": ZERO + day * 86_400_000,
-                "output_length": 5,
-                "messages": [{"role": "user", "content": f"{prompt} {prompt}"}],
-            }
-        ],
-    )
-
-
-def _map_of_nights(tokenizer: str, tmp_path: Path, nights: int) -> list[str]:
-    """A map kvtrace wrote over `nights` nights; returns the flags that name it."""
-    salt = tmp_path / "salt"
-    salt.write_bytes(SALT)
-    common = ["--id-map", str(tmp_path / "map"), "--id-map-marks", str(tmp_path / "marks")]
-    common += ["--salt-file", str(salt)]
-    for day in range(nights):
-        out = tmp_path / f"out{day}"
-        assert anonymize_night(tokenizer, [_night(tmp_path, day)], out, *common) == 0
-    return common
 
 
 def _third_night(tokenizer: str, tmp_path: Path, common: list[str]) -> tuple[int, int, str]:
     """(exit code, peak RSS in MB, stderr) of the map's next night, run as a command."""
-    command = [*KVTRACE, "anonymize", "--input", str(_night(tmp_path, 2))]
+    command = [*KVTRACE, "anonymize", "--input", str(map_night(tmp_path, 2))]
     command += ["--tokenizer", tokenizer, "--block-size", "4"]
     return peak_rss_mb(command + ["--output", str(tmp_path / "out2"), "--quiet", *common])
 
@@ -66,7 +32,7 @@ def test_a_record_of_short_strings_in_a_versions_place_is_refused_in_bounded_mem
     ~940 MB (a clean night ~146 MB) before its one-line refusal; at the 256 MiB a record may
     be, ~5 GB. The same parse runs in every command that opens a map (audit --id-map, id-map
     rebind and upgrade) and for any version below the newest once the chain breaks."""
-    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
     newest = tmp_path / "map" / "versions" / "000002.json"
     strings = (48 << 20) // 5
     newest.write_bytes(
@@ -100,7 +66,7 @@ def test_a_listed_segment_file_damaged_in_place_is_not_carried_into_the_next_ver
     index is verified by its sha256 and its footer by its recorded digest (small reads); a
     row group damaged with its footer intact is found when read, the window docs/BOUNDS.md
     accepts. So the damage here is to what the commit checks: the footer, or the index."""
-    common = _map_of_nights(tiny_tokenizer, tmp_path, 2)
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
     (segment,) = (tmp_path / "map" / "segments").glob("000001-*/blocks-00012.parquet")
     victim = segment if part == "footer" else segment.with_name("blocks-00012.index.npz")
     data = bytearray(victim.read_bytes())
