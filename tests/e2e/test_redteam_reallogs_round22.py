@@ -434,7 +434,6 @@ def test_an_azure_batch_file_is_joined_as_an_openai_one(tmp_path):
     assert (len(rows), [letter["message"] for letter in dead]) == (2, [])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_log_table_exported_from_bigquery_keeps_its_times(tmp_path):
     """No false letter on a request the engine served. A gateway's log table kept in BigQuery
     (the warehouse beside Dataflow, where kvtrace runs) and exported as newline-delimited JSON
