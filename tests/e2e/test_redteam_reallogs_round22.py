@@ -105,7 +105,6 @@ def test_a_responses_reasoning_item_is_rendered_as_the_engine_renders_it(tmp_pat
     assert rows[0]["input_length"] == rows[1]["input_length"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_gateways_cache_hit_is_not_exported_as_a_request_the_engine_served(tmp_path):
     """Exactly what the engine would see. LiteLLM's proxy answers a repeated request from its
     own response cache and logs it like any call: its standard logging payload says
@@ -255,7 +254,6 @@ def test_a_responses_stream_cut_short_counts_its_reasoning_as_a_chat_stream_does
     assert rows[0]["output_length"] == rows[1]["output_length"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_response_of_two_sequences_exports_no_summed_length_however_n_was_logged(tmp_path):
     """Never a made-up length (a variant of round 21's n > 1). The response itself says the
     engine generated two sequences (choices of index 0 and 1; usage.completion_tokens their

@@ -395,7 +395,7 @@ def _request(
     if batch and body is record:
         raise Rejected("unjoined_batch", f"a Batch output line holds no request: {BATCH_JOIN}")
     _check_outcome(record, response)
-    _check_one_sequence(record, body)
+    _check_one_sequence(record, body, response)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
         budget = ContainerBudget(record_containers(options.max_record_bytes))
@@ -470,7 +470,8 @@ def _batch_kind(record: dict[str, Any]) -> str:
 def _check_outcome(record: dict[str, Any], response: dict | list | None) -> None:
     """Refuse a call that served no generation, on every envelope alike: a failed call (a
     status that says so, an error beside or in the response, an HTTP status outside 2xx) is a
-    failed_request, a response no generation endpoint returns an unsupported_request. Read
+    failed_request, a gateway's answer from its own cache a gateway_cache_hit, a response no
+    generation endpoint returns an unsupported_request. Read
     from the declared fields (shapes.ENVELOPE, RESPONSE_OBJECT), so their types are checked."""
     wrapper = record.get("response")  # a Batch output line's {status_code, body}
     holders = [record, *(h for h in (wrapper, response) if isinstance(h, dict))]
@@ -488,6 +489,12 @@ def _check_outcome(record: dict[str, Any], response: dict | list | None) -> None
         for name in ("error", "error_str"):
             if holder.get(name) not in (None, ""):
                 raise Rejected("failed_request", f"the call logged an {name}: not served")
+        hit = holder.get("cache_hit")
+        if hit is True or (isinstance(hit, str) and hit.lower() == "true"):
+            raise Rejected(
+                "gateway_cache_hit",
+                "the gateway answered from its own response cache: the engine never saw it",
+            )
     kind = response.get("object") if isinstance(response, dict) else None
     if kind in NOT_GENERATION_OBJECTS:
         raise Rejected(
@@ -502,14 +509,17 @@ MANY_SEQUENCES = ("n", "best_of")
 ECHO = "echo"
 
 
-def _check_one_sequence(record: dict[str, Any], body: dict[str, Any]) -> None:
-    """Refuse a request whose engine generates other than one sequence, the prompt not echoed
-    (the request's own fields, or LiteLLM's model_parameters beside its chat)."""
+def _check_one_sequence(
+    record: dict[str, Any], body: dict[str, Any], response: dict | list | None
+) -> None:
+    """Refuse a request whose engine generates other than one sequence, the prompt not echoed:
+    by the request's own fields (or LiteLLM's model_parameters beside its chat), and by the
+    response's own evidence, which holds however the request was logged."""
     parameters = record.get("model_parameters") if body is record else None
     for holder in (body, parameters if isinstance(parameters, dict) else {}):
         for name in MANY_SEQUENCES:
             value = holder.get(name)
-            if type(value) in (int, float) and value > 1:
+            if _asked_number(value) > 1:
                 raise Rejected(
                     "unsupported_request",
                     f"{name} {str(value)[:32]}: more than one sequence generated, and a trace "
@@ -521,6 +531,39 @@ def _check_one_sequence(record: dict[str, Any], body: dict[str, Any]) -> None:
                 f"{ECHO} true: the prompt sent back with what was generated, which a trace row "
                 "cannot tell apart",
             )
+    indexes = _choice_indexes(response)
+    if len(indexes) > 1:
+        raise Rejected(
+            "unsupported_request",
+            f"the response holds {len(indexes)} sequences (choice indexes "
+            f"{sorted(indexes)[:4]}), and a trace row holds one",
+        )
+
+
+def _asked_number(value: Any) -> float:
+    """A sampling count as the engine's request model reads it: a number, or a string that
+    spells one (pydantic's lax mode); 0 for anything else, which asks no more sequences."""
+    if type(value) in (int, float):
+        return value
+    if type(value) is str and len(value) <= 32:
+        try:
+            return float(value)
+        except ValueError:
+            return 0
+    return 0
+
+
+def _choice_indexes(response: dict | list | None) -> set[int]:
+    """The distinct sequences a response's choices generated, across a stream's chunks: a
+    choice's `index` (an integer, its shape says), else its place in its list."""
+    chunks = response if isinstance(response, list) else [response]
+    indexes: set[int] = set()
+    for chunk in chunks:
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        for place, choice in enumerate(choices if isinstance(choices, list) else ()):
+            index = choice.get("index") if isinstance(choice, dict) else None
+            indexes.add(place if index is None else index)
+    return indexes
 
 
 def _tools(record: dict[str, Any], body: dict[str, Any]) -> list | None:

@@ -324,12 +324,15 @@ OUTPUT_ITEM = tagged(
     },
 )
 # Whether a call was served, in a response or beside it (records._check_outcome): LiteLLM's
-# `status` "failure" and `error_str`, a response's `error`, an HTTP status (or `status` number).
+# `status` "failure" and `error_str`, a response's `error`, an HTTP status (or `status` number);
+# whether a gateway answered from its own cache (LiteLLM's `cache_hit`: true in its logging
+# payload, "True" in its spend logs).
 OUTCOME = {
     "status": optional(one_of(STRING, INTEGER)),
     "status_code": optional(INTEGER),
     "error": optional(one_of(ANY_OBJECT, STRING)),
     "error_str": optional(STRING),
+    "cache_hit": optional(one_of(BOOLEAN, STRING)),
 }
 # A Chat Completions response or chunk, a Responses API response, an Anthropic message (its
 # `type` is "message"; the others have none, or a streaming event's).

@@ -627,7 +627,31 @@ def test_a_response_no_generation_returns_is_an_unsupported_request(kind):
 
 @pytest.mark.parametrize(
     "outcome",
-    [{"status": 1.5}, {"status_code": "500"}, {"error_str": 3}, {"response": {"object": 1}}],
+    [
+        {"cache_hit": True},  # LiteLLM's logging payload
+        {"cache_hit": "True"},  # its spend logs
+        {"response": {**SERVED, "cache_hit": "true"}},
+    ],
+)
+def test_a_gateways_cache_hit_is_a_letter_of_its_own(outcome):
+    """The gateway answered from its own cache: the engine never saw the request."""
+    assert reason({"messages": USER, **TS, **outcome}) == "gateway_cache_hit"
+
+
+@pytest.mark.parametrize("hit", [False, "False", "", None])
+def test_a_call_the_gateways_cache_missed_is_read(hit):
+    assert parse({"messages": USER, **TS, "cache_hit": hit}).kind == "chat"
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        {"status": 1.5},
+        {"status_code": "500"},
+        {"error_str": 3},
+        {"response": {"object": 1}},
+        {"cache_hit": 1},
+    ],
 )
 def test_a_calls_outcome_fields_are_held_to_their_shape(outcome):
     assert reason({"messages": USER, **TS, **outcome}) == "wrong_type"
@@ -756,8 +780,35 @@ def test_a_request_of_many_sequences_or_an_echo_is_unsupported(parameters, where
     assert caught.value.message.startswith(next(iter(parameters)) + " ")
 
 
+@pytest.mark.parametrize("parameters", [{"n": "2"}, {"best_of": " 3 "}, {"n": "2.0"}])
+def test_a_sequence_count_spelled_as_a_string_is_read_as_the_engine_reads_it(parameters):
+    with pytest.raises(Rejected) as caught:
+        parse({"request": {"prompt": "hi", **parameters}, **TS})
+    assert caught.value.reason == "unsupported_request"
+
+
 @pytest.mark.parametrize(
-    "parameters", [{"n": 1}, {"best_of": 1}, {"n": None}, {"echo": False}, {"n": True}]
+    "choices",
+    [
+        [{"index": 0, "text": "a"}, {"index": 1, "text": "b"}],
+        [{"text": "a"}, {"text": "b"}],  # no index: each its place
+    ],
+)
+@pytest.mark.parametrize("logged", [{}, {"n": 1}, {"n": "1"}])
+def test_a_response_of_many_sequences_is_unsupported_however_the_request_was_logged(
+    choices, logged
+):
+    """The response's own evidence, whatever `n` the log kept (round 22)."""
+    record = {"request": {"prompt": "hi", **logged}, "response": {"choices": choices}, **TS}
+    assert reason(record) == "unsupported_request"
+    stream = [{"choices": [choice]} for choice in choices if "index" in choice]
+    if stream:
+        assert reason({**record, "response": stream}) == "unsupported_request"
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{"n": 1}, {"best_of": 1}, {"n": None}, {"echo": False}, {"n": True}, {"n": "1"}, {"n": "x"}],
 )
 def test_one_sequence_not_echoed_is_read(parameters):
     assert parse({"request": {"prompt": "hi", **parameters}, **TS}).prompt == "hi"
