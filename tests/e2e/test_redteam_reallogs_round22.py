@@ -396,7 +396,6 @@ def test_a_null_inside_a_tools_schema_or_a_tool_calls_input_is_rendered(tmp_path
     assert (lengths[0] > lengths[1], lengths[2] > lengths[3]) == (True, True), lengths
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_an_azure_batch_file_is_joined_as_an_openai_one(tmp_path):
     """No false letter on a request the engine serves. Azure OpenAI's Batch API takes (and its
     documentation writes) each input line's `url` as `/chat/completions`, without the `/v1`

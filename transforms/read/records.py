@@ -12,6 +12,7 @@ accept), then checked for range; every string for valid Unicode.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +44,12 @@ TIMESTAMP_FIELDS = ("timestamp", "startTime")
 # Where a log keeps the request when not at its top level: an envelope's `request`, LiteLLM
 # spend logs' `proxy_server_request` (an empty object when the proxy stores no prompts).
 REQUEST_FIELDS = ("request", "proxy_server_request")
-# The OpenAI Batch API's generation endpoints, and the kind of request each takes.
-BATCH_URLS = {"/v1/chat/completions": "chat", "/v1/responses": "chat", "/v1/completions": "prompt"}
+# The OpenAI Batch API's generation endpoints, and the kind of request each takes; a line's
+# `url` names one after an optional prefix (BATCH_URL_PREFIX) and before an optional query.
+BATCH_ENDPOINTS = {"/chat/completions": "chat", "/responses": "chat", "/completions": "prompt"}
+# OpenAI's `/v1`; Azure OpenAI's `/openai/deployments/NAME` or `/openai/v1`, or none at all (its
+# documentation writes `/chat/completions`), its `?api-version=...` query after the path.
+BATCH_URL_PREFIX = re.compile(r"(?:/openai(?:/deployments/[^/]+)?)?(?:/v1)?")
 # A record's `status` that says the call failed (LiteLLM's "failure"; a Responses API response's
 # "failed"): the engine generated nothing to trace.
 FAILED_STATUSES = frozenset({"failure", "failed", "error"})
@@ -462,9 +467,11 @@ def _batch_kind(record: dict[str, Any]) -> str:
     url = record.get("url")
     if not isinstance(url, str):  # absent, or of a type its shape refuses next
         return _detect_kind(record["body"])
-    if url not in BATCH_URLS:
+    path = url.partition("?")[0]
+    kind = BATCH_ENDPOINTS.get(path[BATCH_URL_PREFIX.match(path).end() :])
+    if kind is None:
         raise Rejected("unsupported_request", f"a Batch request to {url[:64]!r}: not a generation")
-    return BATCH_URLS[url]
+    return kind
 
 
 def _check_outcome(record: dict[str, Any], response: dict | list | None) -> None:
