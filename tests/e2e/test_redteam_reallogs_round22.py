@@ -291,7 +291,6 @@ def test_a_response_of_two_sequences_exports_no_summed_length_however_n_was_logg
     assert [letter["error"] for letter in dead] == ["unsupported_request"] * 2
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_completions_prompt_of_token_ids_is_served_not_a_letter(tmp_path):
     """No false letter on a request the engine serves. The Completions API (and the engine's
     request model: `prompt` a string, a list of strings, a list of token ids or a list of

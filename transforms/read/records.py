@@ -409,7 +409,7 @@ def _request(
         )
         fields["template_kwargs"] = chat.template_settings(body) or None
     elif kind == "prompt":
-        fields["prompt"] = _prompt(body.get("prompt"))
+        fields |= _prompt_fields(body.get("prompt"))
     elif kind == "tokens":
         fields["input_ids"] = _token_ids(body.get("input_ids"))
     else:
@@ -612,22 +612,41 @@ def _chat(
     return chat.responses_messages(body, drop_non_text, budget), responses_tools
 
 
-def _prompt(prompt: str | None) -> str:
+def _prompt_fields(prompt: str | list | None) -> dict[str, Any]:
+    """A Completions prompt as the engine takes it (its type checked: shapes.PROMPT_BODY): a
+    string; a list of token ids, read as a token-ids record is; a list of one string or one
+    token-id list, that prompt. A list of several is several requests in one, which a trace
+    row cannot be (as n over 1); one mixing those kinds is the engine's 400."""
+    if isinstance(prompt, list):
+        kinds = {type(item) for item in prompt}
+        if kinds == {int}:
+            return {"kind": "tokens", "input_ids": _token_ids(prompt, "prompt")}
+        if len(kinds) > 1:
+            raise Rejected("invalid_request", "prompt mixes strings, token ids and token-id lists")
+        if len(prompt) > 1:
+            raise Rejected(
+                "unsupported_request",
+                f"a prompt of {len(prompt)} prompts: several requests in one, and a trace row "
+                "holds one",
+            )
+        prompt = prompt[0] if prompt else ""
+        if isinstance(prompt, list):
+            return {"kind": "tokens", "input_ids": _token_ids(prompt, "prompt")}
     if prompt is None:
         raise Rejected("no_input", "no prompt")
     if not prompt:
         raise Rejected("no_input", "prompt is empty")
-    return prompt
+    return {"kind": "prompt", "prompt": prompt}
 
 
-def _token_ids(ids: list[int] | None) -> list[int]:
+def _token_ids(ids: list[int] | None, name: str = "input_ids") -> list[int]:
     if ids is None:
-        raise Rejected("no_input", "no input_ids")
+        raise Rejected("no_input", f"no {name}")
     if not ids:
-        raise Rejected("no_input", "input_ids is empty")
+        raise Rejected("no_input", f"{name} is empty")
     for token in ids:
         if not 0 <= token <= MAX_TOKEN_ID:
-            raise Rejected("wrong_type", "input_ids holds something other than token ids")
+            raise Rejected("wrong_type", f"{name} holds something other than token ids")
     return ids
 
 

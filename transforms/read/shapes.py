@@ -264,7 +264,11 @@ CHAT_BODY = {
     "instructions": optional(STRING),
     "input": optional(one_of(STRING, list_of(INPUT_ITEM))),
 }
-PROMPT_BODY = {"prompt": optional(STRING)}
+# The Completions API's prompt: a string, or a list of strings, of token ids or of token-id lists
+# (records._prompt_fields reads which one prompt it is, if it is one).
+PROMPT_BODY = {
+    "prompt": optional(one_of(STRING, list_of(one_of(STRING, INTEGER, list_of(INTEGER)))))
+}
 TOKENS_BODY = {"input_ids": optional(list_of(INTEGER))}
 BODY_FIELDS = {"chat": CHAT_BODY, "prompt": PROMPT_BODY, "tokens": TOKENS_BODY}
 

@@ -43,6 +43,34 @@ def test_prompt_and_tokens_shapes():
     assert parse({"input_ids": [1, 2, 3], **TS}).input_ids == [1, 2, 3]
 
 
+@pytest.mark.parametrize("prompt", [[1, 2, 3], [[1, 2, 3]]])
+def test_a_completions_prompt_of_token_ids_reads_as_input_ids(prompt):
+    request = parse({"request": {"prompt": prompt}, **TS})
+    assert (request.kind, request.input_ids) == ("tokens", [1, 2, 3])
+
+
+def test_a_completions_prompt_of_one_string_is_that_string():
+    assert parse({"prompt": ["formatted"], **TS}).prompt == "formatted"
+
+
+@pytest.mark.parametrize(
+    "prompt, refused",
+    [
+        (["a", "b"], "unsupported_request"),  # two requests in one
+        ([[1], [2]], "unsupported_request"),
+        ([1, "a"], "invalid_request"),  # the engine's 400
+        ([], "no_input"),
+        ([""], "no_input"),
+        ([[]], "no_input"),
+        ([-1], "wrong_type"),
+        ([[1, "a"]], "wrong_type"),
+        ([1.5], "wrong_type"),
+    ],
+)
+def test_a_completions_prompt_list_that_is_not_one_prompt_is_a_letter(prompt, refused):
+    assert reason({"prompt": prompt, **TS}) == refused
+
+
 def test_openai_envelope():
     request = parse(
         {
