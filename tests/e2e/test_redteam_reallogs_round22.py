@@ -355,7 +355,6 @@ def _weather_tools(unit: dict) -> list[dict]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_null_inside_a_tools_schema_or_a_tool_calls_input_is_rendered(tmp_path):
     """Exactly what the engine would see. records.without_nulls drops every null object field
     at any depth, as the engine's request models read an Optional field sent as null; but a

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from kvtrace.transforms.read.json_tree import (
 )
 from kvtrace.transforms.read.links import continued, names
 from kvtrace.transforms.read.response_end import response_ms
-from kvtrace.transforms.read.shapes import check_record, declared_fields
+from kvtrace.transforms.read.shapes import FREE_FORM_FIELDS, check_record, declared_fields
 from kvtrace.transforms.read.timestamps import timestamp_ms
 from kvtrace.transforms.trace_format import MAX_OUTPUT_LENGTH
 
@@ -270,13 +271,16 @@ def record_containers(max_record_bytes: int) -> int:
     return CONTAINERS_BOUND_MULTIPLE * max_record_bytes // PARSED_CONTAINER_BYTES
 
 
-def without_nulls(value: Any) -> Any:
+def without_nulls(value: Any, free_form: Collection[str] = ()) -> Any:
     """A record with every null object field left out, the one rule for a null in every form,
     applied by each reader before a shape is checked: vLLM's request models read an Optional
     field sent as null as unset, and one the engine requires, null or absent, is a 400 alike
     (shapes.required); Parquet cannot tell an absent field from a null one (a struct column
     gives each row every field any row has). So the same records read alike as JSONL and as
     Parquet (docs/ANONYMIZE.md, Input). A null list element stays: it is a value, not a field.
+    What an object field named in `free_form` holds stays as it is (a JSON text's reader passes
+    shapes.FREE_FORM_FIELDS): no model reads it, and the template writes its nulls out; a
+    Parquet row cannot tell them from absent ones, so its reader passes none (docs/BOUNDS.md).
 
     In place, on a tree its reader just built and owns (a decoded line, a converted row), a
     level at a time over containers only: a streamed response is ~10^5 scalars a record, and
@@ -290,10 +294,18 @@ def without_nulls(value: Any) -> Any:
         level = [
             child
             for node in level
-            for child in (node.values() if isinstance(node, dict) else node)
+            for child in (_model_values(node, free_form) if isinstance(node, dict) else node)
             if isinstance(child, (dict, list))
         ]
     return value
+
+
+def _model_values(node: dict[str, Any], free_form: Collection[str]) -> Iterable[Any]:
+    """An object's values but the objects its free_form fields hold (a free-form value is an
+    object: a Responses API `input` list is a model's)."""
+    if not free_form:
+        return node.values()
+    return [item for key, item in node.items() if key not in free_form or type(item) is not dict]
 
 
 def load_json_line(line: bytes) -> tuple[Any, bool]:
@@ -386,7 +398,7 @@ def _request(
     if options.capture is not None or is_capture(record):  # an engine's hashes, no text
         return Request(source=source, line=line, **capture_fields(record, options.capture))
     if b"null" in line:  # a record whose text lacks the word holds no null: nothing to drop
-        record = without_nulls(record)
+        record = without_nulls(record, FREE_FORM_FIELDS)
     batch = record.get("custom_id") is not None
     body_field, body = _request_body(record, batch)
     # A Responses API stream's events read as its final response (read/streamed.py).

@@ -792,6 +792,39 @@ def test_without_nulls_reaches_every_level():
     assert node == {"kept": 1}
 
 
+def test_a_null_inside_a_free_form_value_is_kept_and_a_model_fields_is_dropped():
+    """A tool's schema, a tool call's input and template variables are handed on as sent (the
+    template writes their nulls out); every model field's null still reads as absent (round 22)."""
+    schema = {"type": "object", "properties": {"unit": {"default": None}}}
+    call = {"type": "tool_use", "id": "t", "name": "f", "input": {"unit": None}}
+    record = {
+        "model": "m",
+        "max_tokens": 5,
+        "tools": [{"name": "f", "input_schema": schema, "description": None}],
+        "messages": [*USER, {"role": "assistant", "content": [call], "name": None}],
+        "chat_template_kwargs": {"enable_thinking": None},
+        **TS,
+    }
+    request = parse(record)
+    assert request.tools[0]["function"]["parameters"] == schema
+    assert request.messages[1]["tool_calls"][0]["function"]["arguments"] == {"unit": None}
+    assert request.template_kwargs == {"enable_thinking": None}
+    assert "name" not in request.messages[1]
+
+
+def test_a_responses_input_list_is_a_models_whose_nulls_are_dropped():
+    """`input` is free-form only as an object (a tool call's): the Responses API's list of
+    items is a model's, its null fields absent."""
+    items = [{"role": "user", "content": "hi", "id": None, "type": None}]
+    assert parse({"input": items, **TS}).messages == [{"role": "user", "content": "hi"}]
+
+
+def test_without_nulls_of_no_free_form_fields_drops_them_all():
+    """A Parquet row's reading: a struct cannot tell a null from an absent field."""
+    row = {"tools": [{"parameters": {"default": None, "type": "object"}}]}
+    assert without_nulls(row) == {"tools": [{"parameters": {"type": "object"}}]}
+
+
 @pytest.mark.parametrize("parameters", [{"n": 2}, {"best_of": 3}, {"n": 2.0}, {"echo": True}])
 @pytest.mark.parametrize("where", ["top", "request", "model_parameters"])
 def test_a_request_of_many_sequences_or_an_echo_is_unsupported(parameters, where):
