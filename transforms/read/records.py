@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -271,7 +271,7 @@ def record_containers(max_record_bytes: int) -> int:
     return CONTAINERS_BOUND_MULTIPLE * max_record_bytes // PARSED_CONTAINER_BYTES
 
 
-def without_nulls(value: Any, free_form: Collection[str] = ()) -> Any:
+def without_nulls(value: Any, free_form: frozenset[str] = frozenset()) -> Any:
     """A record with every null object field left out, the one rule for a null in every form,
     applied by each reader before a shape is checked: vLLM's request models read an Optional
     field sent as null as unset, and one the engine requires, null or absent, is a 400 alike
@@ -300,10 +300,10 @@ def without_nulls(value: Any, free_form: Collection[str] = ()) -> Any:
     return value
 
 
-def _model_values(node: dict[str, Any], free_form: Collection[str]) -> Iterable[Any]:
+def _model_values(node: dict[str, Any], free_form: frozenset[str]) -> Iterable[Any]:
     """An object's values but the objects its free_form fields hold (a free-form value is an
     object: a Responses API `input` list is a model's)."""
-    if not free_form:
+    if free_form.isdisjoint(node):
         return node.values()
     return [item for key, item in node.items() if key not in free_form or type(item) is not dict]
 
