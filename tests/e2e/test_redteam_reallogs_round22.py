@@ -104,7 +104,6 @@ def test_a_responses_reasoning_item_is_rendered_as_the_engine_renders_it(tmp_pat
     assert rows[0]["input_length"] == rows[1]["input_length"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_gateways_cache_hit_is_not_exported_as_a_request_the_engine_served(tmp_path):
     """Exactly what the engine would see. LiteLLM's proxy answers a repeated request from its
     own response cache and logs it like any call: its standard logging payload says
@@ -252,7 +251,6 @@ def test_a_responses_stream_cut_short_counts_its_reasoning_as_a_chat_stream_does
     assert rows[0]["output_length"] == rows[1]["output_length"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_response_of_two_sequences_exports_no_summed_length_however_n_was_logged(tmp_path):
     """Never a made-up length (a variant of round 21's n > 1). The response itself says the
     engine generated two sequences (choices of index 0 and 1; usage.completion_tokens their
@@ -290,7 +288,6 @@ def test_a_response_of_two_sequences_exports_no_summed_length_however_n_was_logg
     assert [letter["error"] for letter in dead] == ["unsupported_request"] * 2
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_completions_prompt_of_token_ids_is_served_not_a_letter(tmp_path):
     """No false letter on a request the engine serves. The Completions API (and the engine's
     request model: `prompt` a string, a list of strings, a list of token ids or a list of
@@ -354,7 +351,6 @@ def _weather_tools(unit: dict) -> list[dict]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_null_inside_a_tools_schema_or_a_tool_calls_input_is_rendered(tmp_path):
     """Exactly what the engine would see. records.without_nulls drops every null object field
     at any depth, as the engine's request models read an Optional field sent as null; but a
@@ -394,7 +390,6 @@ def test_a_null_inside_a_tools_schema_or_a_tool_calls_input_is_rendered(tmp_path
     assert (lengths[0] > lengths[1], lengths[2] > lengths[3]) == (True, True), lengths
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_an_azure_batch_file_is_joined_as_an_openai_one(tmp_path):
     """No false letter on a request the engine serves. Azure OpenAI's Batch API takes (and its
     documentation writes) each input line's `url` as `/chat/completions`, without the `/v1`
@@ -430,7 +425,6 @@ def test_an_azure_batch_file_is_joined_as_an_openai_one(tmp_path):
     assert (len(rows), [letter["message"] for letter in dead]) == (2, [])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_log_table_exported_from_bigquery_keeps_its_times(tmp_path):
     """No false letter on a request the engine served. A gateway's log table kept in BigQuery
     (the warehouse beside Dataflow, where kvtrace runs) and exported as newline-delimited JSON

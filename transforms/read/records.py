@@ -12,6 +12,8 @@ accept), then checked for range; every string for valid Unicode.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +34,7 @@ from kvtrace.transforms.read.json_tree import (
 )
 from kvtrace.transforms.read.links import continued, names
 from kvtrace.transforms.read.response_end import response_ms
-from kvtrace.transforms.read.shapes import check_record, declared_fields
+from kvtrace.transforms.read.shapes import FREE_FORM_FIELDS, check_record, declared_fields
 from kvtrace.transforms.read.timestamps import timestamp_ms
 from kvtrace.transforms.trace_format import MAX_OUTPUT_LENGTH
 
@@ -43,8 +45,12 @@ TIMESTAMP_FIELDS = ("timestamp", "startTime")
 # Where a log keeps the request when not at its top level: an envelope's `request`, LiteLLM
 # spend logs' `proxy_server_request` (an empty object when the proxy stores no prompts).
 REQUEST_FIELDS = ("request", "proxy_server_request")
-# The OpenAI Batch API's generation endpoints, and the kind of request each takes.
-BATCH_URLS = {"/v1/chat/completions": "chat", "/v1/responses": "chat", "/v1/completions": "prompt"}
+# The OpenAI Batch API's generation endpoints, and the kind of request each takes; a line's
+# `url` names one after an optional prefix (BATCH_URL_PREFIX) and before an optional query.
+BATCH_ENDPOINTS = {"/chat/completions": "chat", "/responses": "chat", "/completions": "prompt"}
+# OpenAI's `/v1`; Azure OpenAI's `/openai/deployments/NAME` or `/openai/v1`, or none at all (its
+# documentation writes `/chat/completions`), its `?api-version=...` query after the path.
+BATCH_URL_PREFIX = re.compile(r"(?:/openai(?:/deployments/[^/]+)?)?(?:/v1)?")
 # A record's `status` that says the call failed (LiteLLM's "failure"; a Responses API response's
 # "failed"): the engine generated nothing to trace.
 FAILED_STATUSES = frozenset({"failure", "failed", "error"})
@@ -265,13 +271,16 @@ def record_containers(max_record_bytes: int) -> int:
     return CONTAINERS_BOUND_MULTIPLE * max_record_bytes // PARSED_CONTAINER_BYTES
 
 
-def without_nulls(value: Any) -> Any:
+def without_nulls(value: Any, free_form: frozenset[str] = frozenset()) -> Any:
     """A record with every null object field left out, the one rule for a null in every form,
     applied by each reader before a shape is checked: vLLM's request models read an Optional
     field sent as null as unset, and one the engine requires, null or absent, is a 400 alike
     (shapes.required); Parquet cannot tell an absent field from a null one (a struct column
     gives each row every field any row has). So the same records read alike as JSONL and as
     Parquet (docs/ANONYMIZE.md, Input). A null list element stays: it is a value, not a field.
+    What an object field named in `free_form` holds stays as it is (a JSON text's reader passes
+    shapes.FREE_FORM_FIELDS): no model reads it, and the template writes its nulls out; a
+    Parquet row cannot tell them from absent ones, so its reader passes none (docs/BOUNDS.md).
 
     In place, on a tree its reader just built and owns (a decoded line, a converted row), a
     level at a time over containers only: a streamed response is ~10^5 scalars a record, and
@@ -285,10 +294,18 @@ def without_nulls(value: Any) -> Any:
         level = [
             child
             for node in level
-            for child in (node.values() if isinstance(node, dict) else node)
+            for child in (_model_values(node, free_form) if isinstance(node, dict) else node)
             if isinstance(child, (dict, list))
         ]
     return value
+
+
+def _model_values(node: dict[str, Any], free_form: frozenset[str]) -> Iterable[Any]:
+    """An object's values but the objects its free_form fields hold (a free-form value is an
+    object: a Responses API `input` list is a model's)."""
+    if free_form.isdisjoint(node):
+        return node.values()
+    return [item for key, item in node.items() if key not in free_form or type(item) is not dict]
 
 
 def load_json_line(line: bytes) -> tuple[Any, bool]:
@@ -381,7 +398,7 @@ def _request(
     if options.capture is not None or is_capture(record):  # an engine's hashes, no text
         return Request(source=source, line=line, **capture_fields(record, options.capture))
     if b"null" in line:  # a record whose text lacks the word holds no null: nothing to drop
-        record = without_nulls(record)
+        record = without_nulls(record, FREE_FORM_FIELDS)
     batch = record.get("custom_id") is not None
     body_field, body = _request_body(record, batch)
     # A Responses API stream's events read as its final response (read/streamed.py).
@@ -395,7 +412,7 @@ def _request(
     if batch and body is record:
         raise Rejected("unjoined_batch", f"a Batch output line holds no request: {BATCH_JOIN}")
     _check_outcome(record, response)
-    _check_one_sequence(record, body)
+    _check_one_sequence(record, body, response)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
         budget = ContainerBudget(record_containers(options.max_record_bytes))
@@ -406,7 +423,7 @@ def _request(
             chat.template_settings(chat.request_fields(record, body)) or None
         )
     elif kind == "prompt":
-        fields["prompt"] = _prompt(body.get("prompt"))
+        fields |= _prompt_fields(body.get("prompt"))
     elif kind == "tokens":
         fields["input_ids"] = _token_ids(body.get("input_ids"))
     else:
@@ -464,15 +481,18 @@ def _batch_kind(record: dict[str, Any]) -> str:
     url = record.get("url")
     if not isinstance(url, str):  # absent, or of a type its shape refuses next
         return _detect_kind(record["body"])
-    if url not in BATCH_URLS:
+    path = url.partition("?")[0]
+    kind = BATCH_ENDPOINTS.get(path[BATCH_URL_PREFIX.match(path).end() :])
+    if kind is None:
         raise Rejected("unsupported_request", f"a Batch request to {url[:64]!r}: not a generation")
-    return BATCH_URLS[url]
+    return kind
 
 
 def _check_outcome(record: dict[str, Any], response: dict | list | None) -> None:
     """Refuse a call that served no generation, on every envelope alike: a failed call (a
     status that says so, an error beside or in the response, an HTTP status outside 2xx) is a
-    failed_request, a response no generation endpoint returns an unsupported_request. Read
+    failed_request, a gateway's answer from its own cache a gateway_cache_hit, a response no
+    generation endpoint returns an unsupported_request. Read
     from the declared fields (shapes.ENVELOPE, RESPONSE_OBJECT), so their types are checked."""
     wrapper = record.get("response")  # a Batch output line's {status_code, body}
     holders = [record, *(h for h in (wrapper, response) if isinstance(h, dict))]
@@ -490,6 +510,12 @@ def _check_outcome(record: dict[str, Any], response: dict | list | None) -> None
         for name in ("error", "error_str"):
             if holder.get(name) not in (None, ""):
                 raise Rejected("failed_request", f"the call logged an {name}: not served")
+        hit = holder.get("cache_hit")
+        if hit is True or (isinstance(hit, str) and hit.lower() == "true"):
+            raise Rejected(
+                "gateway_cache_hit",
+                "the gateway answered from its own response cache: the engine never saw it",
+            )
     kind = response.get("object") if isinstance(response, dict) else None
     if kind in NOT_GENERATION_OBJECTS:
         raise Rejected(
@@ -504,14 +530,17 @@ MANY_SEQUENCES = ("n", "best_of")
 ECHO = "echo"
 
 
-def _check_one_sequence(record: dict[str, Any], body: dict[str, Any]) -> None:
-    """Refuse a request whose engine generates other than one sequence, the prompt not echoed
-    (the request's own fields, or LiteLLM's model_parameters beside its chat)."""
+def _check_one_sequence(
+    record: dict[str, Any], body: dict[str, Any], response: dict | list | None
+) -> None:
+    """Refuse a request whose engine generates other than one sequence, the prompt not echoed:
+    by the request's own fields (or LiteLLM's model_parameters beside its chat), and by the
+    response's own evidence, which holds however the request was logged."""
     parameters = record.get("model_parameters") if body is record else None
     for holder in (body, parameters if isinstance(parameters, dict) else {}):
         for name in MANY_SEQUENCES:
             value = holder.get(name)
-            if type(value) in (int, float) and value > 1:
+            if _asked_number(value) > 1:
                 raise Rejected(
                     "unsupported_request",
                     f"{name} {str(value)[:32]}: more than one sequence generated, and a trace "
@@ -523,6 +552,39 @@ def _check_one_sequence(record: dict[str, Any], body: dict[str, Any]) -> None:
                 f"{ECHO} true: the prompt sent back with what was generated, which a trace row "
                 "cannot tell apart",
             )
+    indexes = _choice_indexes(response)
+    if len(indexes) > 1:
+        raise Rejected(
+            "unsupported_request",
+            f"the response holds {len(indexes)} sequences (choice indexes "
+            f"{sorted(indexes)[:4]}), and a trace row holds one",
+        )
+
+
+def _asked_number(value: Any) -> float:
+    """A sampling count as the engine's request model reads it: a number, or a string that
+    spells one (pydantic's lax mode); 0 for anything else, which asks no more sequences."""
+    if type(value) in (int, float):
+        return value
+    if type(value) is str and len(value) <= 32:
+        try:
+            return float(value)
+        except ValueError:
+            return 0
+    return 0
+
+
+def _choice_indexes(response: dict | list | None) -> set[int]:
+    """The distinct sequences a response's choices generated, across a stream's chunks: a
+    choice's `index` (an integer, its shape says), else its place in its list."""
+    chunks = response if isinstance(response, list) else [response]
+    indexes: set[int] = set()
+    for chunk in chunks:
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        for place, choice in enumerate(choices if isinstance(choices, list) else ()):
+            index = choice.get("index") if isinstance(choice, dict) else None
+            indexes.add(place if index is None else index)
+    return indexes
 
 
 def _tools(record: dict[str, Any], body: dict[str, Any]) -> list | None:
@@ -564,22 +626,41 @@ def _chat(
     return chat.responses_messages(body, drop_non_text, budget), responses_tools
 
 
-def _prompt(prompt: str | None) -> str:
+def _prompt_fields(prompt: str | list | None) -> dict[str, Any]:
+    """A Completions prompt as the engine takes it (its type checked: shapes.PROMPT_BODY): a
+    string; a list of token ids, read as a token-ids record is; a list of one string or one
+    token-id list, that prompt. A list of several is several requests in one, which a trace
+    row cannot be (as n over 1); one mixing those kinds is the engine's 400."""
+    if isinstance(prompt, list):
+        kinds = {type(item) for item in prompt}
+        if kinds == {int}:
+            return {"kind": "tokens", "input_ids": _token_ids(prompt, "prompt")}
+        if len(kinds) > 1:
+            raise Rejected("invalid_request", "prompt mixes strings, token ids and token-id lists")
+        if len(prompt) > 1:
+            raise Rejected(
+                "unsupported_request",
+                f"a prompt of {len(prompt)} prompts: several requests in one, and a trace row "
+                "holds one",
+            )
+        prompt = prompt[0] if prompt else ""
+        if isinstance(prompt, list):
+            return {"kind": "tokens", "input_ids": _token_ids(prompt, "prompt")}
     if prompt is None:
         raise Rejected("no_input", "no prompt")
     if not prompt:
         raise Rejected("no_input", "prompt is empty")
-    return prompt
+    return {"kind": "prompt", "prompt": prompt}
 
 
-def _token_ids(ids: list[int] | None) -> list[int]:
+def _token_ids(ids: list[int] | None, name: str = "input_ids") -> list[int]:
     if ids is None:
-        raise Rejected("no_input", "no input_ids")
+        raise Rejected("no_input", f"no {name}")
     if not ids:
-        raise Rejected("no_input", "input_ids is empty")
+        raise Rejected("no_input", f"{name} is empty")
     for token in ids:
         if not 0 <= token <= MAX_TOKEN_ID:
-            raise Rejected("wrong_type", "input_ids holds something other than token ids")
+            raise Rejected("wrong_type", f"{name} holds something other than token ids")
     return ids
 
 

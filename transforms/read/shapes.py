@@ -12,7 +12,8 @@ a field may hold (a known role, a part type, a non-empty list) is the readers' b
 (records.py, chat.py): a shape only says types and which fields the engine's models require
 (`required`), and descends into what it knows. A null field is an absent one: each reader
 leaves nulls out before a shape is checked (records.without_nulls), as the engine's models
-read an Optional field sent as null as unset.
+read an Optional field sent as null as unset; but inside a free-form value (FREE_OBJECT), which
+no model reads, a null is a value and stays.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Shape:
     name: str  # for messages: "a string or null"
     accepts: dict[type, Walk | None]
     required: bool = False  # as a field of an object: the engine refuses the object without it
+    free_form: bool = False  # of a value the engine hands on as sent (FREE_OBJECT)
 
     def check(self, value: Any, path: Path) -> None:
         walk = self.accepts.get(type(value), _REFUSED)
@@ -88,6 +90,11 @@ NUMBER = leaf("a number", int, float)
 BOOLEAN = leaf("a boolean", bool)
 NULL = leaf("null", type(None))
 ANY_OBJECT = leaf("an object", dict)
+# An object the engine takes whole and hands on as sent, no model of its fields (a tool's JSON
+# schema, a tool call's input, template variables): the template writes it out with tojson, so
+# a null inside it is a value, not an absent field (records.without_nulls keeps it).
+FREE_OBJECT = dataclasses.replace(ANY_OBJECT, free_form=True)
+_FREE_FORM: set[str] = set()  # gathered as the shapes are declared (fields_walk)
 
 
 def one_of(*shapes: Shape) -> Shape:
@@ -97,7 +104,8 @@ def one_of(*shapes: Shape) -> Shape:
     for shape in shapes:
         assert not accepts.keys() & shape.accepts.keys(), "one shape per JSON type"
         accepts |= shape.accepts
-    return Shape(" or ".join(shape.name for shape in shapes), accepts)
+    free_form = any(shape.free_form for shape in shapes)
+    return Shape(" or ".join(shape.name for shape in shapes), accepts, free_form=free_form)
 
 
 def optional(shape: Shape) -> Shape:
@@ -132,6 +140,7 @@ def fields_walk(fields: dict[str, Shape]) -> Walk:
     Whichever of the object and the declaration is smaller is the one iterated."""
     declared = dict(fields)
     declared_items = tuple(declared.items())
+    _FREE_FORM.update(name for name, shape in declared_items if shape.free_form)
     needed = tuple(name for name, shape in declared_items if shape.required)
 
     def walk(value: dict, path: Path) -> None:
@@ -197,7 +206,7 @@ BLOCK = tagged(
         "output_text": TEXT_PART,
         "image_url": obj(image_url=required(one_of(STRING, obj(url=required(STRING))))),
         # Anthropic's blocks: vLLM's one model of them (AnthropicContentBlock) requires no field.
-        "tool_use": obj(id=STRING, name=STRING, input=ANY_OBJECT),
+        "tool_use": obj(id=STRING, name=STRING, input=FREE_OBJECT),
         "tool_result": obj(
             tool_use_id=STRING, content=optional(one_of(STRING, list_of(lambda: PART)))
         ),
@@ -234,13 +243,13 @@ TOOL = obj(
     type=STRING,
     name=STRING,
     description=optional(STRING),
-    parameters=optional(ANY_OBJECT),
-    input_schema=ANY_OBJECT,
+    parameters=optional(FREE_OBJECT),
+    input_schema=FREE_OBJECT,
     strict=optional(BOOLEAN),
     function=obj(
         name=required(STRING),
         description=optional(STRING),
-        parameters=optional(ANY_OBJECT),
+        parameters=optional(FREE_OBJECT),
         strict=optional(BOOLEAN),
     ),
 )
@@ -263,8 +272,13 @@ CHAT_BODY = {
     "system": SYSTEM,
     "instructions": optional(STRING),
     "input": optional(one_of(STRING, list_of(INPUT_ITEM))),
+    "chat_template_kwargs": optional(FREE_OBJECT),  # read by chat.template_settings
 }
-PROMPT_BODY = {"prompt": optional(STRING)}
+# The Completions API's prompt: a string, or a list of strings, of token ids or of token-id lists
+# (records._prompt_fields reads which one prompt it is, if it is one).
+PROMPT_BODY = {
+    "prompt": optional(one_of(STRING, list_of(one_of(STRING, INTEGER, list_of(INTEGER)))))
+}
 TOKENS_BODY = {"input_ids": optional(list_of(INTEGER))}
 BODY_FIELDS = {"chat": CHAT_BODY, "prompt": PROMPT_BODY, "tokens": TOKENS_BODY}
 
@@ -324,12 +338,15 @@ OUTPUT_ITEM = tagged(
     },
 )
 # Whether a call was served, in a response or beside it (records._check_outcome): LiteLLM's
-# `status` "failure" and `error_str`, a response's `error`, an HTTP status (or `status` number).
+# `status` "failure" and `error_str`, a response's `error`, an HTTP status (or `status` number);
+# whether a gateway answered from its own cache (LiteLLM's `cache_hit`: true in its logging
+# payload, "True" in its spend logs).
 OUTCOME = {
     "status": optional(one_of(STRING, INTEGER)),
     "status_code": optional(INTEGER),
     "error": optional(one_of(ANY_OBJECT, STRING)),
     "error_str": optional(STRING),
+    "cache_hit": optional(one_of(BOOLEAN, STRING)),
 }
 # A Chat Completions response or chunk, a Responses API response, an Anthropic message (its
 # `type` is "message"; the others have none, or a streaming event's).
@@ -392,6 +409,9 @@ _FULL_RECORD_WALKS = {
     for name, envelope in ENVELOPES.items()
     for kind, body in BODY_FIELDS.items()
 }
+# The names of the fields any shape declares free-form: records.without_nulls leaves what they
+# hold as it is.
+FREE_FORM_FIELDS = frozenset(_FREE_FORM)
 
 
 def check_record(

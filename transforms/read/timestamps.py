@@ -44,10 +44,13 @@ DAY_MS = 86_400_000
 # Logs of consecutive nights leave no gap between their days; a gap of over a week is a clock
 # (or a unit) gone wrong, not a quiet week: the records beyond it are dead letters.
 MAX_GAP_DAYS = 7
+UTC_SUFFIX = " UTC"
 _ISO = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})"
     r"(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?)?"
-    r"(Z|[+-]\d{2}(?::?\d{2})?)?",  # ±hh alone: ISO-8601's, PostgreSQL's timestamptz text
+    # ±hh alone: ISO-8601's, PostgreSQL's timestamptz text; " UTC" (that spelling only):
+    # BigQuery's TIMESTAMP as its exports write it.
+    rf"(Z|[+-]\d{{2}}(?::?\d{{2}})?|(?-i:{UTC_SUFFIX}))?",
     re.IGNORECASE | re.ASCII,
 )
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -157,7 +160,7 @@ def plausible_days(day_counts: Mapping[int, int]) -> tuple[int, int]:
 
 def _zone(zone: str | None) -> dt.timezone:
     """UTC when the string has no zone, so a run never depends on the worker's time zone."""
-    if zone is None or zone.upper() == "Z":
+    if zone is None or zone.upper() == "Z" or zone == UTC_SUFFIX:
         return dt.timezone.utc
     sign = -1 if zone[0] == "-" else 1
     digits = zone[1:].replace(":", "")

@@ -317,6 +317,28 @@ def test_batch_endpoints_pick_the_request_kind_and_others_are_refused():
     assert rejection(embeddings).reason == "unsupported_request"
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/chat/completions",  # Azure OpenAI's documentation
+        "/openai/deployments/gpt-4o-batch/chat/completions?api-version=2024-10-21",
+        "/openai/v1/chat/completions",
+        "/v1/chat/completions?api-version=preview",
+    ],
+)
+def test_a_batch_endpoint_reads_alike_whatever_its_prefix_and_query(url):
+    assert parse({**BATCH_JOINED, "url": url}).messages == parse(BATCH_JOINED).messages
+
+
+@pytest.mark.parametrize(
+    "url", ["/v1/embeddings?api-version=1", "/v1/v1/chat/completions", "/chat/completions/x"]
+)
+def test_an_unknown_batch_endpoint_is_refused_naming_its_path(url):
+    caught = rejection({**BATCH_JOINED, "url": url * 20})
+    assert caught.reason == "unsupported_request"
+    assert url[:20] in caught.message and len(caught.message) < 120
+
+
 def test_a_responses_api_batch_line_is_timed_by_its_created_at():
     line = {
         "custom_id": "r2",

@@ -43,6 +43,34 @@ def test_prompt_and_tokens_shapes():
     assert parse({"input_ids": [1, 2, 3], **TS}).input_ids == [1, 2, 3]
 
 
+@pytest.mark.parametrize("prompt", [[1, 2, 3], [[1, 2, 3]]])
+def test_a_completions_prompt_of_token_ids_reads_as_input_ids(prompt):
+    request = parse({"request": {"prompt": prompt}, **TS})
+    assert (request.kind, request.input_ids) == ("tokens", [1, 2, 3])
+
+
+def test_a_completions_prompt_of_one_string_is_that_string():
+    assert parse({"prompt": ["formatted"], **TS}).prompt == "formatted"
+
+
+@pytest.mark.parametrize(
+    "prompt, refused",
+    [
+        (["a", "b"], "unsupported_request"),  # two requests in one
+        ([[1], [2]], "unsupported_request"),
+        ([1, "a"], "invalid_request"),  # the engine's 400
+        ([], "no_input"),
+        ([""], "no_input"),
+        ([[]], "no_input"),
+        ([-1], "wrong_type"),
+        ([[1, "a"]], "wrong_type"),
+        ([1.5], "wrong_type"),
+    ],
+)
+def test_a_completions_prompt_list_that_is_not_one_prompt_is_a_letter(prompt, refused):
+    assert reason({"prompt": prompt, **TS}) == refused
+
+
 def test_openai_envelope():
     request = parse(
         {
@@ -627,7 +655,31 @@ def test_a_response_no_generation_returns_is_an_unsupported_request(kind):
 
 @pytest.mark.parametrize(
     "outcome",
-    [{"status": 1.5}, {"status_code": "500"}, {"error_str": 3}, {"response": {"object": 1}}],
+    [
+        {"cache_hit": True},  # LiteLLM's logging payload
+        {"cache_hit": "True"},  # its spend logs
+        {"response": {**SERVED, "cache_hit": "true"}},
+    ],
+)
+def test_a_gateways_cache_hit_is_a_letter_of_its_own(outcome):
+    """The gateway answered from its own cache: the engine never saw the request."""
+    assert reason({"messages": USER, **TS, **outcome}) == "gateway_cache_hit"
+
+
+@pytest.mark.parametrize("hit", [False, "False", "", None])
+def test_a_call_the_gateways_cache_missed_is_read(hit):
+    assert parse({"messages": USER, **TS, "cache_hit": hit}).kind == "chat"
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        {"status": 1.5},
+        {"status_code": "500"},
+        {"error_str": 3},
+        {"response": {"object": 1}},
+        {"cache_hit": 1},
+    ],
 )
 def test_a_calls_outcome_fields_are_held_to_their_shape(outcome):
     assert reason({"messages": USER, **TS, **outcome}) == "wrong_type"
@@ -740,6 +792,39 @@ def test_without_nulls_reaches_every_level():
     assert node == {"kept": 1}
 
 
+def test_a_null_inside_a_free_form_value_is_kept_and_a_model_fields_is_dropped():
+    """A tool's schema, a tool call's input and template variables are handed on as sent (the
+    template writes their nulls out); every model field's null still reads as absent (round 22)."""
+    schema = {"type": "object", "properties": {"unit": {"default": None}}}
+    call = {"type": "tool_use", "id": "t", "name": "f", "input": {"unit": None}}
+    record = {
+        "model": "m",
+        "max_tokens": 5,
+        "tools": [{"name": "f", "input_schema": schema, "description": None}],
+        "messages": [*USER, {"role": "assistant", "content": [call], "name": None}],
+        "chat_template_kwargs": {"enable_thinking": None},
+        **TS,
+    }
+    request = parse(record)
+    assert request.tools[0]["function"]["parameters"] == schema
+    assert request.messages[1]["tool_calls"][0]["function"]["arguments"] == {"unit": None}
+    assert request.template_kwargs == {"enable_thinking": None}
+    assert "name" not in request.messages[1]
+
+
+def test_a_responses_input_list_is_a_models_whose_nulls_are_dropped():
+    """`input` is free-form only as an object (a tool call's): the Responses API's list of
+    items is a model's, its null fields absent."""
+    items = [{"role": "user", "content": "hi", "id": None, "type": None}]
+    assert parse({"input": items, **TS}).messages == [{"role": "user", "content": "hi"}]
+
+
+def test_without_nulls_of_no_free_form_fields_drops_them_all():
+    """A Parquet row's reading: a struct cannot tell a null from an absent field."""
+    row = {"tools": [{"parameters": {"default": None, "type": "object"}}]}
+    assert without_nulls(row) == {"tools": [{"parameters": {"type": "object"}}]}
+
+
 @pytest.mark.parametrize("parameters", [{"n": 2}, {"best_of": 3}, {"n": 2.0}, {"echo": True}])
 @pytest.mark.parametrize("where", ["top", "request", "model_parameters"])
 def test_a_request_of_many_sequences_or_an_echo_is_unsupported(parameters, where):
@@ -756,8 +841,35 @@ def test_a_request_of_many_sequences_or_an_echo_is_unsupported(parameters, where
     assert caught.value.message.startswith(next(iter(parameters)) + " ")
 
 
+@pytest.mark.parametrize("parameters", [{"n": "2"}, {"best_of": " 3 "}, {"n": "2.0"}])
+def test_a_sequence_count_spelled_as_a_string_is_read_as_the_engine_reads_it(parameters):
+    with pytest.raises(Rejected) as caught:
+        parse({"request": {"prompt": "hi", **parameters}, **TS})
+    assert caught.value.reason == "unsupported_request"
+
+
 @pytest.mark.parametrize(
-    "parameters", [{"n": 1}, {"best_of": 1}, {"n": None}, {"echo": False}, {"n": True}]
+    "choices",
+    [
+        [{"index": 0, "text": "a"}, {"index": 1, "text": "b"}],
+        [{"text": "a"}, {"text": "b"}],  # no index: each its place
+    ],
+)
+@pytest.mark.parametrize("logged", [{}, {"n": 1}, {"n": "1"}])
+def test_a_response_of_many_sequences_is_unsupported_however_the_request_was_logged(
+    choices, logged
+):
+    """The response's own evidence, whatever `n` the log kept (round 22)."""
+    record = {"request": {"prompt": "hi", **logged}, "response": {"choices": choices}, **TS}
+    assert reason(record) == "unsupported_request"
+    stream = [{"choices": [choice]} for choice in choices if "index" in choice]
+    if stream:
+        assert reason({**record, "response": stream}) == "unsupported_request"
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{"n": 1}, {"best_of": 1}, {"n": None}, {"echo": False}, {"n": True}, {"n": "1"}, {"n": "x"}],
 )
 def test_one_sequence_not_echoed_is_read(parameters):
     assert parse({"request": {"prompt": "hi", **parameters}, **TS}).prompt == "hi"

@@ -185,6 +185,7 @@ ACCEPTED = {
     "content[]": {"string", "object"},
     "system": {"string", "array", "null"},
     "input": {"string", "array"},
+    "prompt": {"string", "array"},  # a Completions prompt: strings or token ids
     "output": {"string", "array"},
     "timestamp": {"number", "string"},
     "session_id": {"string", "number", "null"},

@@ -221,10 +221,12 @@ def test_a_merged_text_chunks_id_still_names_its_request() -> None:
     assert isinstance(request, Request) and request.links == ("response:chatcmpl-1",)
 
 
-def test_a_chunk_of_another_sequence_adds_no_generated_text() -> None:
+def test_a_chunk_of_another_sequence_refuses_the_stream_as_whole() -> None:
+    """Two sequences streamed (round 22): their lengths summed would be no request's, so the
+    merged and the whole list alike are refused."""
     chunks = [text_chunk("a"), text_chunk("b", index=1), text_chunk("c")]
-    request = assert_reads_as_whole(record(chunks))
-    assert isinstance(request, Request) and request.output_text == "ac"
+    refused = assert_reads_as_whole(record(chunks))
+    assert isinstance(refused, tuple) and refused[0] == "unsupported_request"
 
 
 # ---- A Responses API stream logged as its events ----------------------------------------------

@@ -150,3 +150,16 @@ def test_an_hour_only_zone_reads_as_its_hours(text, expected):
 def test_a_zone_of_other_than_two_ascii_hour_digits_is_refused(zone):
     with pytest.raises(Rejected, match="bad_timestamp|not ISO|out of range"):
         timestamp_ms("2025-11-21 04:40:02" + zone.encode().decode("unicode_escape"))
+
+
+def test_bigquerys_exported_timestamp_reads_as_utc():
+    """BigQuery's TIMESTAMP as `bq extract` writes it: its zone spelled ` UTC`."""
+    assert timestamp_ms("2025-11-21 04:40:01.123000 UTC") == timestamp_ms(
+        "2025-11-21T04:40:01.123Z"
+    )
+
+
+@pytest.mark.parametrize("zone", [" utc", "  UTC", "UTC", " GMT", " UTC+1"])
+def test_a_zone_name_other_than_bigquerys_utc_is_refused(zone):
+    with pytest.raises(Rejected, match="not ISO"):
+        timestamp_ms("2025-11-21 04:40:01" + zone)
