@@ -84,3 +84,31 @@ def test_a_night_written_into_a_teams_shared_folder_is_publishable(
         assert not out.exists()
         return
     assert _audited(out, tiny_tokenizer, capsys, "--block-size", "4") == (0, [])
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 22")
+def test_length_granularity_is_undone_by_the_next_turns_arrival(tiny_tokenizer, tmp_path):
+    """--length-granularity N publishes a reply's length only to within N (PRIVACY.md, "Publishing
+    less"), and since round 6 no response_ms beside it: "a response time is TTFT + tokens x
+    TPOT ... so to the millisecond it gives each rounded length back to the token, and no
+    rounding of it is safe without the engine's decode speed". The same figure is published
+    anyway as the gap to the session's next request, whose timestamp is kept to the millisecond
+    (--timestamp-granularity-ms 1, the default): an agent sends its next request as the reply
+    ends (a tool of a few ms), so next arrival = arrival + TTFT + tokens x TPOT + tool time.
+    Here two nights differ only in the first reply's length, 3 or 4 tokens (200 ms TTFT, 30 ms
+    a token, a 5 ms tool): both publish output length 16, and the second row at 295 or 325 ms,
+    the length to the token; the gate passes both. Promised: two replies within one granule
+    publish the same bytes (times coarsened with the lengths, or the option refused without a
+    timestamp granularity that hides a token's decode time)."""
+    published = []
+    for tokens in (3, 4):
+        first = {**chat(2, 0, session="agent"), "output_length": tokens}
+        follow = {**chat(5, 200 + 30 * tokens + 5, session="agent"), "output_length": 9}
+        log = write_jsonl(tmp_path / f"{tokens}.jsonl", [first, follow])
+        out = tmp_path / f"out{tokens}"
+        options = ("--block-size", "4", "--length-granularity", "16", "--quiet")
+        if anonymize(tiny_tokenizer, [log], out, *options) != 0:
+            assert not out.exists()
+            return  # refused: nothing published
+        published.append((out / "trace-00000-of-00001.jsonl").read_bytes())
+    assert published[0] == published[1], published
