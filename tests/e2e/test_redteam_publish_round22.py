@@ -1,6 +1,6 @@
 """Red team round 22, the gate's publishing side: reproducers of what anonymize publishes and
-`kvtrace audit` refuses, or what the audit passes that kvtrace never writes. Each asserts the
-promised behaviour, so each fails until it is fixed."""
+`kvtrace audit` refuses, and of a figure the published times give back that the run's options
+rounded. Each asserts the promised behaviour, so each fails until it is fixed."""
 
 from __future__ import annotations
 
