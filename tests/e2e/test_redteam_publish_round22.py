@@ -86,7 +86,6 @@ def test_a_night_written_into_a_teams_shared_folder_is_publishable(
     assert _audited(out, tiny_tokenizer, capsys, "--block-size", "4") == (0, [])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_length_granularity_is_undone_by_the_next_turns_arrival(tiny_tokenizer, tmp_path):
     """--length-granularity N publishes a reply's length only to within N (PRIVACY.md, "Publishing
     less"), and since round 6 no response_ms beside it: "a response time is TTFT + tokens x

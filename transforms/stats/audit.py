@@ -93,7 +93,12 @@ from kvtrace.transforms.trace_format import (
     window_index,
     window_name,
 )
-from kvtrace.transforms.write.coarsen import coarse_input_lengths, round_to
+from kvtrace.transforms.write.coarsen import (
+    coarse_input_lengths,
+    round_to,
+    timestamp_floor,
+    timing_problem,
+)
 from kvtrace.transforms.write.manifest import (
     KVTRACE_VERSION,
     content_time,
@@ -1238,10 +1243,14 @@ def _confirm_template_kwargs(c: _Confirming) -> None:
 
 def _confirm_settings(c: _Confirming) -> None:
     """Block size and granularity: as the run was given them (settings), else from the closed
-    set of round values (SETTING_VALUES)."""
+    set of round values (SETTING_VALUES), or for timestamps the floor the published length
+    granularity sets (a run's default: no choice of its own); and timestamps coarse enough to
+    hide the lengths' rounding (coarsen.timing_problem, the rule anonymize refuses by)."""
     published = {"block_size": c.manifest["block_size"], **c.manifest["granularity"]}
     given = c.given.settings
+    floor = timestamp_floor(published[OUTPUT_LENGTH_FIELD])
     for key, (option, usual) in SETTING_VALUES.items():
+        usual = usual | {floor} if key == "timestamp_ms" else usual
         if key in given and published[key] != given[key]:
             c.flag(f"{key} is {published[key]}, the run was given {option} {given[key]}")
         elif key not in given and published[key] not in usual:
@@ -1249,6 +1258,8 @@ def _confirm_settings(c: _Confirming) -> None:
                 f"{key} {published[key]} is none of the round values the gate passes "
                 f"unconfirmed: pass {option} as the run was given"
             )
+    if too_fine := timing_problem(published["timestamp_ms"], published[OUTPUT_LENGTH_FIELD]):
+        c.flag(f"coarse lengths over fine timestamps: {too_fine}; not publishable")
 
 
 def _confirm_model_name(c: _Confirming) -> None:
