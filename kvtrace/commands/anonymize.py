@@ -610,6 +610,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         FOLDER,
         DeadLetterRun,
         Location,
+        make_staging,
         output_lock,
         plan_locations,
         recover_letters,
@@ -726,7 +727,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             else nullcontext(),
         ):
             if stream:
-                storage.make_folder(config.staging, private=True)
+                make_staging(config.staging)
                 storage.make_folder(config.dead_letter, private=True)
                 try:
                     args.stop_leaves = (
@@ -747,7 +748,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                     salt.describe(),
                 )
                 recover_letters(dead_letter, output)  # before this run's staging folder exists
-                storage.make_folder(config.staging, private=True)
+                make_staging(config.staging)
                 succeeded = False
                 try:
                     letters.begin(config.staging)  # within: a stop as it ends still settles

@@ -6,30 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 
 import pytest
 
-from helpers import anonymize, chat, write_jsonl
+from helpers import DEFAULT_ACL, anonymize, chat, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
-
-# The kernel's POSIX ACL attribute (version 2, then (tag, perm, id) entries): user::rwx,
-# user:1000:rwx, group::r-x, mask::rwx, other::r-x, as `setfacl -d -m u:1000:rwx` leaves on a
-# team's shared folder.
-UNDEFINED = 0xFFFFFFFF
-DEFAULT_ACL = struct.pack("<I", 2) + b"".join(
-    struct.pack("<HHI", *entry)
-    for entry in (
-        (0x01, 7, UNDEFINED),
-        (0x02, 7, 1000),
-        (0x04, 5, UNDEFINED),
-        (0x10, 7, UNDEFINED),
-        (0x20, 5, UNDEFINED),
-    )
-)
 
 
 def _audited(folder: Path, tokenizer: str, capsys, *options: str) -> tuple[int, list[str]]:
@@ -57,7 +41,6 @@ def _shared_folder(parent: Path, how: str) -> None:
             pytest.skip("no POSIX ACLs on this file system")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 @pytest.mark.parametrize("how", ["setgid", "default-acl"])
 def test_a_night_written_into_a_teams_shared_folder_is_publishable(
     tiny_tokenizer, tmp_path, capsys, how
