@@ -4,6 +4,7 @@ granularity options coarsen what is published."""
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pyarrow as pa
@@ -182,13 +183,16 @@ def test_output_ids_beside_coarse_lengths_are_refused(tiny_tokenizer, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-def test_coarse_lengths_take_timestamps_at_least_as_coarse(tiny_tokenizer, tmp_path, capsys):
+def test_coarse_lengths_take_timestamps_at_least_as_coarse(
+    tiny_tokenizer, tmp_path, capsys, caplog
+):
     """--length-granularity N needs timestamps of N x SLOWEST_TOKEN_MS at least (a session's
     next arrival follows the reply's decode): a finer one is refused before the run, none
     given takes that floor (recorded in the manifest, passed by the audit unprompted), and a
     manifest that says coarse lengths over fine timestamps is not publishable."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
     options = ("--block-size", "4", "--length-granularity", "8")
+    caplog.set_level(logging.INFO, logger="kvtrace")
     refused = anonymize(
         tiny_tokenizer, [src], tmp_path / "fine", *options, "--timestamp-granularity-ms", "100"
     )
@@ -197,6 +201,7 @@ def test_coarse_lengths_take_timestamps_at_least_as_coarse(tiny_tokenizer, tmp_p
     assert not (tmp_path / "fine").exists()
     out = tmp_path / "out"
     assert anonymize(tiny_tokenizer, [src], out, *options) == 0
+    assert "timestamps rounded to 800 ms" in caplog.text  # the run's log line says so
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["granularity"] == {"timestamp_ms": 800, "output_length": 8}
     code, report = audit(out, capsys)
