@@ -37,7 +37,12 @@ from kvtrace.transforms.trace_format import (
     OUTPUT_LENGTH_FIELD,
     SWITCH_TEMPLATE_KWARGS,
 )
-from kvtrace.transforms.write.coarsen import SLOWEST_TOKEN_MS, timestamp_floor, timing_problem
+from kvtrace.transforms.write.coarsen import (
+    SLOWEST_TOKEN_MS,
+    Coarsening,
+    timestamp_floor,
+    timing_problem,
+)
 from kvtrace.transforms.write.manifest import (
     model_name_problems,
     template_kwargs_keyed,
@@ -604,7 +609,6 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.transforms.read.paths import expand_inputs
     from kvtrace.transforms.read.records import ParseOptions
     from kvtrace.transforms.storage import folded
-    from kvtrace.transforms.write.coarsen import Coarsening
     from kvtrace.transforms.write.manifest import read_run_counts
     from kvtrace.transforms.write.publish import (
         FOLDER,
