@@ -181,8 +181,8 @@ def foreign_metadata(path: str, name: str, kept: frozenset[str] = frozenset()) -
     status = os.lstat(path)
     if status.st_uid != os.geteuid() or status.st_gid != os.getegid():
         problems.append(
-            f"{name}: owners kvtrace does not set (each entry the user's own, of the user's "
-            f"group; a setgid folder gives its own)"
+            f"{name}: owners kvtrace does not set (the user's own, of the user's group; a "
+            f"setgid folder gives its own): copy without -p or --same-owner, as the auditing user"
         )
     return problems
 
