@@ -94,7 +94,7 @@ from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp
 from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
 from kvtrace.transforms.write.coarsen import Coarsening, published_requests, round_to
 from kvtrace.transforms.write.manifest import RUN_COUNTS, set_content_times
-from kvtrace.transforms.write.publish import DeadLetterRun
+from kvtrace.transforms.write.publish import DeadLetterRun, check_inherited, make_staging
 from kvtrace.transforms.write.shards import block_hashes_staging
 
 LATE = "late"
@@ -748,7 +748,7 @@ class WriteWindows(beam.DoFn):
                 night, block_hashes=storage.join(job.block_hashes, plan.name)
             )
             storage.remove_folder(block_hashes_staging(night.block_hashes, night.staging))
-        storage.make_folder(night.staging, private=True)
+        make_staging(night.staging)
         rejected.begin(night.staging)
         published = False
         try:
@@ -870,11 +870,13 @@ def run_streaming(config: StreamingConfig, flags: list[str]) -> None:
 
 
 def make_stream_folder(output: str) -> None:
-    """The stream's folder, rwxr-xr-x whatever the writer's umask: the mode publish gives a
-    night's folder, the one the gate passes."""
+    """The stream's folder, rwxr-xr-x whatever the writer's umask (the mode publish gives a
+    night's folder, the one the gate passes), and like a night's staging folder inheriting
+    nothing of its parent (storage.inherit_nothing): the gate holds it as a night's folder."""
     storage.make_folder(output)
     if not storage.is_url(output):
-        os.chmod(output, storage.PUBLIC_FOLDER)
+        storage.inherit_nothing(output, storage.PUBLIC_FOLDER)
+        check_inherited(output)
 
 
 def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollection:

@@ -957,3 +957,19 @@ def map_of_nights(tokenizer: str, folder: Path, nights: int) -> list[str]:
         out = folder / f"out{day}"
         assert anonymize_night(tokenizer, [map_night(folder, day)], out, *common) == 0
     return common
+
+
+# The kernel's POSIX ACL attribute (version 2, then (tag, perm, id) entries): user::rwx,
+# user:1000:rwx, group::r-x, mask::rwx, other::r-x, as `setfacl -d -m u:1000:rwx` leaves on a
+# team's shared folder (as system.posix_acl_default: every entry made in it takes an access ACL).
+_UNDEFINED_ID = 0xFFFFFFFF
+DEFAULT_ACL = struct.pack("<I", 2) + b"".join(
+    struct.pack("<HHI", *entry)
+    for entry in (
+        (0x01, 7, _UNDEFINED_ID),
+        (0x02, 7, 1000),
+        (0x04, 5, _UNDEFINED_ID),
+        (0x10, 7, _UNDEFINED_ID),
+        (0x20, 5, _UNDEFINED_ID),
+    )
+)

@@ -21,6 +21,7 @@ import posixpath
 import re
 import shutil
 import stat
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -137,6 +138,76 @@ def open_read(path: str) -> IO[bytes]:
 PRIVATE_FILE, PRIVATE_FOLDER = 0o600, 0o700
 PUBLIC_FILE, PUBLIC_FOLDER = 0o644, 0o755
 
+SELINUX_ATTRIBUTE = "security.selinux"
+POSIX_ACLS = ("system.posix_acl_access", "system.posix_acl_default")
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS = 0x80086601, 0x40086602  # linux/fs.h: lsattr, chattr
+# The inode flags a file system sets itself, on no one's choice: ext4 maps a file's blocks by
+# extents, indexes a folder by name hashes once it outgrows a block, and keeps a small file's
+# bytes inside its inode.
+FS_EXTENT_FL, FS_INDEX_FL, FS_INLINE_DATA_FL = 0x00080000, 0x00001000, 0x10000000
+FILE_SYSTEMS_OWN_FLAGS = FS_EXTENT_FL | FS_INDEX_FL | FS_INLINE_DATA_FL
+# What the ioctl fails with on a file system that keeps no inode flags
+NO_INODE_FLAGS = frozenset({errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
+
+
+def foreign_metadata(path: str, name: str, kept: frozenset[str] = frozenset()) -> list[str]:
+    """What a local entry carries that kvtrace does not set, one line each, as the gate names
+    it (stats/audit.py holds every published entry to this, and a run its output's staging
+    folder before any work): inode flags but the file system's own (chattr: set by the owner
+    without privilege, archived by bsdtar), extended attributes but the SELinux label (and kept
+    ones: a staging folder's private mark; every namespace carries bytes, an ACL's entries
+    uids), an owner or group other than the user's own."""
+    problems = []
+    try:
+        flags = _inode_flags(path)
+    except OSError as err:
+        problems.append(f"{name}: inode flags unreadable ({err.strerror or err})")
+    else:
+        if flags is not None and flags & ~FILE_SYSTEMS_OWN_FLAGS:
+            problems.append(
+                f"{name}: inode flags kvtrace does not set "
+                f"({flags & ~FILE_SYSTEMS_OWN_FLAGS:#x}, as lsattr lists them): clear them "
+                f"(chattr) or copy into a folder that has none"
+            )
+    try:
+        attributes = set(os.listxattr(path, follow_symlinks=False)) - {SELINUX_ATTRIBUTE, *kept}
+    except (OSError, AttributeError):  # a file system without them holds none
+        attributes = set()
+    if attributes:
+        problems.append(
+            f"{name}: extended attributes kvtrace does not set "
+            f"({', '.join(sorted(attributes))[:80]})"
+        )
+    status = os.lstat(path)
+    if status.st_uid != os.geteuid() or status.st_gid != os.getegid():
+        problems.append(
+            f"{name}: owners kvtrace does not set (the user's own, of the user's group; a "
+            f"setgid folder gives its own): copy without -p or --same-owner, as the auditing user"
+        )
+    return problems
+
+
+def _inode_flags(path: str) -> int | None:
+    """An entry's inode flags (lsattr), None where its file system keeps none."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        packed = fcntl.ioctl(descriptor, FS_IOC_GETFLAGS, struct.pack("l", 0))
+    except OSError as err:
+        if err.errno in NO_INODE_FLAGS:
+            return None
+        raise
+    finally:
+        os.close(descriptor)
+    return struct.unpack("l", packed)[0] & 0xFFFFFFFF
+
+
+def _set_inode_flags(path: str, flags: int) -> None:
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        fcntl.ioctl(descriptor, FS_IOC_SETFLAGS, struct.pack("l", flags))
+    finally:
+        os.close(descriptor)
+
 
 class _DurableFile(io.FileIO):
     """A local file fsynced when closed."""
@@ -232,10 +303,36 @@ def _make_missing(path: str, mode: int | None = None) -> bool:
             if not os.path.isdir(folder):
                 raise
             continue
+        _note_made(folder)  # first: a stop as it is given its metadata still removes it
         if mode is not None:
-            os.chmod(folder, mode)
-        _note_made(folder)
+            inherit_nothing(folder, mode)
     return bool(missing)
+
+
+def inherit_nothing(folder: str, mode: int) -> None:
+    """A folder just made given what the gate holds every entry to (foreign_metadata), so what
+    is made inside inherits nothing of a team's shared parent: the user's own group (a setgid
+    parent's is the team's; chown to a group of one's own needs no privilege), mode exactly
+    (the setgid bit off), no ACL (a default ACL's entries travel into every file), no inode
+    flag but the file system's own (chattr +d and the like are inherited). What cannot be
+    taken off stays, for the caller's check to name."""
+    if os.lstat(folder).st_gid != os.getegid():
+        try:
+            os.chown(folder, -1, os.getegid())
+        except OSError:  # a file system that keeps no groups of its own (NFS squashing)
+            pass
+    for acl in POSIX_ACLS:
+        try:
+            os.removexattr(folder, acl, follow_symlinks=False)
+        except OSError:  # none there, or a file system without ACLs
+            pass
+    try:
+        flags = _inode_flags(folder)
+        if flags is not None and flags & ~FILE_SYSTEMS_OWN_FLAGS:
+            _set_inode_flags(folder, flags & FILE_SYSTEMS_OWN_FLAGS)
+    except OSError:  # one only privilege clears (immutable, append-only): named later
+        pass
+    os.chmod(folder, mode)
 
 
 def unfit_for_private_files(folder: str) -> str | None:

@@ -37,6 +37,12 @@ from kvtrace.transforms.trace_format import (
     OUTPUT_LENGTH_FIELD,
     SWITCH_TEMPLATE_KWARGS,
 )
+from kvtrace.transforms.write.coarsen import (
+    SLOWEST_TOKEN_MS,
+    Coarsening,
+    timestamp_floor,
+    timing_problem,
+)
 from kvtrace.transforms.write.manifest import (
     model_name_problems,
     template_kwargs_keyed,
@@ -284,7 +290,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--timestamp-granularity-ms",
         type=int,
         metavar="MS",
-        help="publish timestamps rounded to multiples of MS from the first request (default 1): "
+        help="publish timestamps rounded to multiples of MS from the first request (default 1, "
+        f"with --length-granularity N > 1 N x {SLOWEST_TOKEN_MS}, the least it allows): "
         "coarser timing is harder to match against other records of the same traffic",
     )
     add(
@@ -294,7 +301,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="publish output lengths rounded to multiples of N (default 1), and input_length's "
         "last block's fill rounded up to a multiple of N (its full blocks kept, so hash_ids "
         "still match it): a session's next prompt holds the reply; no response_ms is then "
-        "published (with the trace's own decode speed it would give each length back)",
+        "published (with the trace's own decode speed it would give each length back), and "
+        f"timestamps are at least N x {SLOWEST_TOKEN_MS} ms coarse (a session's next arrival "
+        "follows the reply's decode)",
     )
     add(
         "--streaming",
@@ -371,7 +380,7 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
     "chat_template_kwargs": {},
     "processes": 0,
     "hash_scheme": "kvtrace",
-    "timestamp_granularity_ms": 1,
+    "timestamp_granularity_ms": None,  # the floor --length-granularity needs (_check_ranges)
     "segment_cache_mb": DEFAULT_BUDGET_BYTES >> 20,
     "tokenizer_backend": DEFAULT_BACKEND,
     "length_granularity": 1,
@@ -498,8 +507,22 @@ def _check_ranges(options: dict[str, Any]) -> None:
     if options.get("hash_shards") is not None:
         integer("hash_shards", 1, MAX_HASH_SHARDS)
     integer("processes", 0, MAX_PROCESSES)
-    for name, highest in MAX_GRANULARITY.items():
-        integer(name, 1, highest)
+    integer("length_granularity", 1, MAX_GRANULARITY["length_granularity"])
+    if options["timestamp_granularity_ms"] is None:
+        options["timestamp_granularity_ms"] = timestamp_floor(options["length_granularity"])
+        if options["timestamp_granularity_ms"] > 1:
+            _LOG.info(
+                "timestamps rounded to %d ms, the floor --length-granularity %d needs "
+                "(%d ms a token: the next request's arrival would give each length back)",
+                options["timestamp_granularity_ms"],
+                options["length_granularity"],
+                SLOWEST_TOKEN_MS,
+            )
+    integer("timestamp_granularity_ms", 1, MAX_GRANULARITY["timestamp_granularity_ms"])
+    if too_fine := timing_problem(
+        options["timestamp_granularity_ms"], options["length_granularity"]
+    ):
+        raise ConfigError(f"--timestamp-granularity-ms too fine: {too_fine}; omit it for the floor")
     if options["length_granularity"] > 1 and options.get("emit_output_hashes"):
         raise ConfigError(
             "--length-granularity and --emit-output-hashes: the output block ids "
@@ -586,12 +609,12 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.transforms.read.paths import expand_inputs
     from kvtrace.transforms.read.records import ParseOptions
     from kvtrace.transforms.storage import folded
-    from kvtrace.transforms.write.coarsen import Coarsening
     from kvtrace.transforms.write.manifest import read_run_counts
     from kvtrace.transforms.write.publish import (
         FOLDER,
         DeadLetterRun,
         Location,
+        make_staging,
         output_lock,
         plan_locations,
         recover_letters,
@@ -708,7 +731,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             else nullcontext(),
         ):
             if stream:
-                storage.make_folder(config.staging, private=True)
+                make_staging(config.staging)
                 storage.make_folder(config.dead_letter, private=True)
                 try:
                     args.stop_leaves = (
@@ -729,7 +752,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                     salt.describe(),
                 )
                 recover_letters(dead_letter, output)  # before this run's staging folder exists
-                storage.make_folder(config.staging, private=True)
+                make_staging(config.staging)
                 succeeded = False
                 try:
                     letters.begin(config.staging)  # within: a stop as it ends still settles

@@ -4,6 +4,7 @@ granularity options coarsen what is published."""
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +13,7 @@ import pytest
 
 from helpers import anonymize, chat, read_jsonl, trace, write_jsonl
 from kvtrace.cli import main
+from kvtrace.transforms.trace_format import canonical_json
 from kvtrace.transforms.write.coarsen import coarse_input_lengths
 
 pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
@@ -179,6 +181,37 @@ def test_output_ids_beside_coarse_lengths_are_refused(tiny_tokenizer, tmp_path, 
     )
     assert "choose one" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_coarse_lengths_take_timestamps_at_least_as_coarse(
+    tiny_tokenizer, tmp_path, capsys, caplog
+):
+    """--length-granularity N needs timestamps of N x SLOWEST_TOKEN_MS at least (a session's
+    next arrival follows the reply's decode): a finer one is refused before the run, none
+    given takes that floor (recorded in the manifest, passed by the audit unprompted), and a
+    manifest that says coarse lengths over fine timestamps is not publishable."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
+    options = ("--block-size", "4", "--length-granularity", "8")
+    caplog.set_level(logging.INFO, logger="kvtrace")
+    refused = anonymize(
+        tiny_tokenizer, [src], tmp_path / "fine", *options, "--timestamp-granularity-ms", "100"
+    )
+    err = capsys.readouterr().err
+    assert refused == 2 and "800 ms" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "fine").exists()
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, *options) == 0
+    assert "timestamps rounded to 800 ms" in caplog.text  # the run's log line says so
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["granularity"] == {"timestamp_ms": 800, "output_length": 8}
+    code, report = audit(out, capsys)
+    assert (code, report["flags"]) == (0, [])
+    manifest["granularity"]["timestamp_ms"] = 1
+    doctored = copy_of(out, tmp_path)
+    (doctored / "manifest.json").write_bytes(canonical_json(manifest))
+    code, report = audit(doctored, capsys)
+    assert code == 1
+    assert any("coarse lengths over fine timestamps" in flag for flag in report["flags"])
 
 
 def test_one_trace_file_is_measured_but_only_a_folder_is_publishable(output, tmp_path, capsys):

@@ -24,12 +24,10 @@ of each shard (the shard cuts).
 from __future__ import annotations
 
 import errno
-import fcntl
 import io
 import os
 import re
 import stat
-import struct
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -42,7 +40,7 @@ import numpy as np
 from kvtrace.transforms import storage
 from kvtrace.transforms.dead_letters import shown_name
 from kvtrace.transforms.ids.row_order import in_published_order
-from kvtrace.transforms.storage import is_url
+from kvtrace.transforms.storage import SELINUX_ATTRIBUTE, is_url
 from kvtrace.transforms.trace_format import (
     CAPTURE_FIELD,
     CAPTURE_MAP_NIGHT,
@@ -93,7 +91,12 @@ from kvtrace.transforms.trace_format import (
     window_index,
     window_name,
 )
-from kvtrace.transforms.write.coarsen import coarse_input_lengths, round_to
+from kvtrace.transforms.write.coarsen import (
+    coarse_input_lengths,
+    round_to,
+    timestamp_floor,
+    timing_problem,
+)
 from kvtrace.transforms.write.manifest import (
     KVTRACE_VERSION,
     content_time,
@@ -521,7 +524,6 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
     return [n for n in names if n in (MANIFEST, STATS) or TRACE_FILE.fullmatch(n)]
 
 
-SELINUX_ATTRIBUTE = "security.selinux"
 # An SELinux context as the kernel stores it: user:role:type[:level], ASCII, NUL-terminated.
 SELINUX_CONTEXT = re.compile(
     rb"[a-z_][a-z0-9_]*:[a-z_][a-z0-9_]*:[a-z_][a-z0-9_]*"
@@ -532,60 +534,21 @@ SELINUX_FS = "/sys/fs/selinux"  # mounted where the SELinux module labels files
 
 
 def _check_attributes(path: str, name: str, gate: _Gate) -> None:
-    """Extended attributes a user can set travel with copies that keep them (cp -a, rsync -X,
-    tar --xattrs): kvtrace sets none. The one a security module sets on every file, the SELinux
-    label, is kept for _check_file_metadata. So do inode flags (_check_inode_flags)."""
-    _check_inode_flags(path, name, gate)
+    """What a copy that keeps them carries (cp -a, rsync -X, tar --xattrs, bsdtar's --fflags)
+    beside the bytes: storage.foreign_metadata, the one rule a run also holds its staging
+    folder to (extended attributes, inode flags, owners). The SELinux label, which a security
+    module sets on every file, is kept for _check_file_metadata."""
+    for problem in storage.foreign_metadata(path, name):
+        gate.flag(problem)
     try:
-        attributes = set(os.listxattr(path, follow_symlinks=False))
-    except (OSError, AttributeError):  # a file system without them holds none
-        return
-    # Every namespace carries bytes (security.* as root, ACL entries' uids): all are refused.
-    if attributes - {SELINUX_ATTRIBUTE}:
-        gate.flag(
-            f"{name}: extended attributes kvtrace does not set "
-            f"({', '.join(sorted(attributes - {SELINUX_ATTRIBUTE}))[:80]})"
-        )
-    if SELINUX_ATTRIBUTE in attributes:
-        try:
-            gate.labels[name] = os.getxattr(path, SELINUX_ATTRIBUTE, follow_symlinks=False)
-        except OSError as err:
+        gate.labels[name] = os.getxattr(path, SELINUX_ATTRIBUTE, follow_symlinks=False)
+    except OSError as err:
+        if err.errno not in NO_LABEL:
             gate.flag(f"{name}: unreadable SELinux label ({err.strerror or err})")
 
 
-FS_IOC_GETFLAGS = 0x80086601  # linux/fs.h: an entry's inode flags (lsattr)
-# The inode flags a file system sets itself, on no one's choice: ext4 maps a file's blocks by
-# extents, indexes a folder by name hashes once it outgrows a block, and keeps a small file's
-# bytes inside its inode.
-FS_EXTENT_FL, FS_INDEX_FL, FS_INLINE_DATA_FL = 0x00080000, 0x00001000, 0x10000000
-FILE_SYSTEMS_OWN_FLAGS = FS_EXTENT_FL | FS_INDEX_FL | FS_INLINE_DATA_FL
-# What the ioctl fails with on a file system that keeps no inode flags
-NO_INODE_FLAGS = frozenset({errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
-
-
-def _check_inode_flags(path: str, name: str, gate: _Gate) -> None:
-    """Inode flags (chattr: nodump, noatime, sync, ...) are set by the owner without privilege
-    and archived by libarchive (bsdtar's default --fflags): kvtrace sets none, so any flag but
-    the file system's own is a choice someone made. Where the file system keeps none, none."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError as err:
-        gate.flag(f"{name}: inode flags unreadable ({err.strerror or err})")
-        return
-    try:
-        packed = fcntl.ioctl(descriptor, FS_IOC_GETFLAGS, struct.pack("l", 0))
-    except OSError as err:
-        if err.errno not in NO_INODE_FLAGS:
-            gate.flag(f"{name}: inode flags unreadable ({err.strerror or err})")
-        return
-    finally:
-        os.close(descriptor)
-    chosen = struct.unpack("l", packed)[0] & 0xFFFFFFFF & ~FILE_SYSTEMS_OWN_FLAGS
-    if chosen:
-        gate.flag(
-            f"{name}: inode flags kvtrace does not set ({chosen:#x}, as lsattr lists them): "
-            f"clear them (chattr) or copy into a folder that has none"
-        )
+# What reading an entry's SELinux label fails with where it has none
+NO_LABEL = frozenset({errno.ENODATA, errno.EOPNOTSUPP, errno.ENOTSUP})
 
 
 # The umasks a writer's files may have been made under: the verdict on the same bytes must not
@@ -634,7 +597,7 @@ def _check_file_metadata(gate: _Gate) -> None:
     times, as kvtrace leaves it: permission bits storage.create and publish give (the files one
     mode, rw-r--r-- under the writer's umask (one of WRITERS_UMASKS, whatever the auditor's) or a
     private run's rw-------; the folder rwxr-xr-x or
-    rwx------), every entry owned by the auditing user and group (who made the copy), no access time
+    rwx------), owners as _check_attributes finds them, no access time
     past the audit's clock (kvtrace sets it to the content time, a read moves it to its own),
     and an SELinux label only where SELinux labels files: one well-formed label, the folder's."""
     if "" not in gate.stat:
@@ -645,14 +608,6 @@ def _check_file_metadata(gate: _Gate) -> None:
         gate.flag(
             f"permission bits kvtrace does not set (files {sorted(oct(m) for m in modes)}, "
             f"the folder {oct(folder)}): copy without -p"
-        )
-    # A new file or folder gets its creator's effective group (a setgid parent's group instead
-    # would also set the folder's setgid bit, refused above): so do kvtrace's writes and a copy
-    # made without -p, and any other group is a number someone chose.
-    if any(st.st_uid != os.geteuid() or st.st_gid != os.getegid() for st in gate.stat.values()):
-        gate.flag(
-            "owners kvtrace does not set (each entry the auditing user's, of the user's "
-            "group): audit as the user who holds the copy, made without -p or --same-owner"
         )
     now_ns = time.time_ns()
     if any(not st.st_mtime_ns <= st.st_atime_ns <= now_ns for st in gate.stat.values()):
@@ -1238,10 +1193,14 @@ def _confirm_template_kwargs(c: _Confirming) -> None:
 
 def _confirm_settings(c: _Confirming) -> None:
     """Block size and granularity: as the run was given them (settings), else from the closed
-    set of round values (SETTING_VALUES)."""
+    set of round values (SETTING_VALUES), or for timestamps the floor the published length
+    granularity sets (a run's default: no choice of its own); and timestamps coarse enough to
+    hide the lengths' rounding (coarsen.timing_problem, the rule anonymize refuses by)."""
     published = {"block_size": c.manifest["block_size"], **c.manifest["granularity"]}
     given = c.given.settings
+    floor = timestamp_floor(published[OUTPUT_LENGTH_FIELD])
     for key, (option, usual) in SETTING_VALUES.items():
+        usual = usual | {floor} if key == "timestamp_ms" else usual
         if key in given and published[key] != given[key]:
             c.flag(f"{key} is {published[key]}, the run was given {option} {given[key]}")
         elif key not in given and published[key] not in usual:
@@ -1249,6 +1208,8 @@ def _confirm_settings(c: _Confirming) -> None:
                 f"{key} {published[key]} is none of the round values the gate passes "
                 f"unconfirmed: pass {option} as the run was given"
             )
+    if too_fine := timing_problem(published["timestamp_ms"], published[OUTPUT_LENGTH_FIELD]):
+        c.flag(f"coarse lengths over fine timestamps: {too_fine}; not publishable")
 
 
 def _confirm_model_name(c: _Confirming) -> None:

@@ -2,7 +2,8 @@
 it): timestamps rounded to a granularity relative to the export's origin, output lengths rounded
 to a multiple, and with them input lengths within their last block (a session's next prompt
 holds the reply: an exact input_length would give the reply's length back to the token) and
-response times dropped (coarse_response_ms)."""
+response times dropped (coarse_response_ms), and timestamps at least as coarse as the lengths
+need (timestamp_floor)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,33 @@ from kvtrace.transforms.trace_format import (
     NO_RESPONSE_MS,
 )
 from kvtrace.transforms.write.rows import RowBatch
+
+# The slowest decode a coarse length must hide, per token: a session's next request follows its
+# reply's end, so its arrival is TTFT + tokens x per-token time (+ a tool's few ms) after the
+# last, and a timestamp finer than N tokens' decode gives a length rounded to N back to the
+# token. 100 ms a token is slower than any engine serves interactively (a busy large model
+# decodes at 20-60 ms): at N x 100 ms, the N tokens a rounding hides stay within one granule.
+SLOWEST_TOKEN_MS = 100
+
+
+def timestamp_floor(output_length: int) -> int:
+    """The finest timestamp granularity (ms) that hides output lengths rounded to
+    output_length: 1 when they are exact."""
+    return 1 if output_length <= 1 else output_length * SLOWEST_TOKEN_MS
+
+
+def timing_problem(timestamp_ms: int, output_length: int) -> str | None:
+    """Why timestamps at timestamp_ms would give lengths rounded to output_length back (None:
+    they would not). The one rule, for the run that writes and the gate that reads."""
+    floor = timestamp_floor(output_length)
+    if timestamp_ms >= floor:
+        return None
+    return (
+        f"timestamps at {timestamp_ms} ms beside lengths rounded to {output_length} give each "
+        f"length back to the token (a session's next request arrives as the reply's decode "
+        f"ends): the floor is {floor} ms ({output_length} x {SLOWEST_TOKEN_MS} ms, the slowest "
+        f"per-token decode hidden)"
+    )
 
 
 @dataclass(frozen=True)

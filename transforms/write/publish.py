@@ -141,6 +141,34 @@ def staging_folder(output: str, run_id: str) -> str:
     )
 
 
+def make_staging(staging: str) -> None:
+    """A run's staging folder made (owner-only, marked private; storage makes it inherit
+    nothing of its parent) and held to what the gate holds every published entry to, before
+    any work (check_inherited); removed again if it fails."""
+    storage.make_folder(staging, private=True)
+    try:
+        check_inherited(staging, kept=frozenset({storage.PRIVATE_MARK}))
+    except OutputRefused:
+        storage.remove_folder(staging)
+        raise
+
+
+def check_inherited(folder: str, kept: frozenset[str] = frozenset()) -> None:
+    """Refuse, in one line, a local folder about to hold a published output that carries what
+    the gate refuses in every entry (storage.foreign_metadata): what storage.inherit_nothing
+    could not take off it (an inode flag only privilege clears, an ACL a file system keeps)
+    would be in every entry made in it, and the audit would refuse the night."""
+    if is_url(folder):
+        return
+    problems = storage.foreign_metadata(folder, os.path.basename(folder), kept)
+    if problems:
+        raise OutputRefused(
+            f"{os.path.dirname(folder) or '.'} passes on to what is made in it what kvtrace "
+            f"cannot clear and the audit refuses ({problems[0]}): write the output into a "
+            f"folder that passes nothing on (lsattr -d, getfacl, ls -ld)"
+        )
+
+
 def _staged_here(path: str) -> str:
     """A staging name of this process's run (and its parts: Beam's synthesize), noted for
     abandon_staged."""
@@ -706,7 +734,7 @@ def folder_output(
     check_output(output)
     staged = StagedFolder(staging_folder(output, new_run_id()))
     with output_lock(output):
-        storage.make_folder(staged.path, private=True)
+        make_staging(staged.path)
         try:
             yield staged
             if not staged.withdrawn:

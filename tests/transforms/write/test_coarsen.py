@@ -17,12 +17,15 @@ from kvtrace.transforms.trace_format import (
     NO_SESSION,
 )
 from kvtrace.transforms.write.coarsen import (
+    SLOWEST_TOKEN_MS,
     Coarsening,
     coarse_output_lengths,
     coarse_response_ms,
     coarsen,
     published_requests,
     round_to,
+    timestamp_floor,
+    timing_problem,
 )
 from kvtrace.transforms.write.rows import ROW, RowBatch
 
@@ -187,3 +190,16 @@ def test_no_response_time_is_published_beside_coarse_lengths(responses, time_ste
     assert (dropped == NO_RESPONSE_MS).all()
     kept = coarse_response_ms(values, Coarsening(time_step))
     assert kept.tolist() == [*round_to(values[:-1], time_step).tolist(), NO_RESPONSE_MS]
+
+
+@given(st.integers(1, MAX_OUTPUT_LENGTH), st.integers(1, HIGHEST))
+def test_timestamps_pass_only_as_coarse_as_the_lengths_need(length_step, time_step):
+    """One rule for the run and the gate: exact lengths take any timestamps; lengths rounded to
+    N take timestamps of N x SLOWEST_TOKEN_MS at least, and a refusal names that floor. Every
+    floor is a granularity a manifest may hold (the run's default is one)."""
+    floor = timestamp_floor(length_step)
+    assert floor == (1 if length_step == 1 else length_step * SLOWEST_TOKEN_MS) <= HIGHEST
+    problem = timing_problem(time_step, length_step)
+    assert (problem is None) == (time_step >= floor)
+    assert problem is None or f"{floor} ms" in problem
+    assert timing_problem(floor, length_step) is None
