@@ -57,10 +57,6 @@ class Coarsening:
     # when output lengths are; 0 keeps them exact (the gate refuses such a folder).
     block_size: int = 0
 
-    def check(self) -> None:
-        if self.timestamp_ms < 1 or self.output_length < 1:
-            raise ValueError("--timestamp-granularity-ms and --length-granularity must be >= 1")
-
     @property
     def is_identity(self) -> bool:
         return self.timestamp_ms == 1 and self.output_length == 1

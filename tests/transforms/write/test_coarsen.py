@@ -113,14 +113,7 @@ def test_every_coarse_value_stays_within_its_published_range(values, time_step, 
     assert ((times >= 0) & (times <= HIGHEST) & (times % time_step == 0)).all()
 
 
-@pytest.mark.parametrize("coarsening", [Coarsening(0, 1), Coarsening(1, 0), Coarsening(-5, 3)])
-def test_a_granularity_below_one_is_refused_naming_both_flags(coarsening):
-    with pytest.raises(ValueError, match="--timestamp-granularity-ms and --length-granularity"):
-        coarsening.check()
-
-
-def test_the_default_coarsening_is_the_identity_and_passes_its_check():
-    Coarsening().check()
+def test_the_default_coarsening_is_the_identity():
     assert Coarsening().is_identity and not Coarsening(2, 1).is_identity
 
 
