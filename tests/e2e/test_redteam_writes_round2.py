@@ -640,6 +640,7 @@ def test_an_output_that_is_a_mount_point_is_refused_before_the_work(
     assert "Rows:" not in done.stdout and "exported" not in done.stdout, "the work was done"
 
 
+@pytest.mark.beam  # each command runs on Beam in this process too
 @pytest.mark.parametrize("command", ["analyze", "synthesize"])
 def test_reports_are_byte_identical_on_either_engine(tiny_tokenizer, tmp_path, command):
     """The same trace, spread over three shards, analyzed (analyze --output, analysis.json and
