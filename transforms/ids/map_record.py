@@ -254,6 +254,9 @@ def _unverified(
 # The most bytes of a member's value read unverified: the longest value read so is a sha256.
 MAX_MEMBER_BYTES = 256
 _SPACE = rb"[ \t\n\r]*"  # what JSON allows between tokens
+# What a key's opening quote follows: `{`, `,` or a space, never the backslash every quote
+# inside a string follows.
+_BEFORE_KEY = b"{, \t\n\r"
 
 
 def unverified_members(raw: bytes, names: tuple[str, ...]) -> dict[str, Any]:
@@ -268,7 +271,7 @@ def unverified_members(raw: bytes, names: tuple[str, ...]) -> dict[str, Any]:
     # through every quote), their matches merged in order for the one depth scan.
     matches = heapq.merge(
         *(
-            re.compile(rb'"%s"%s:%s' % (re.escape(name.encode()), _SPACE, _SPACE)).finditer(raw)
+            _keys(raw, re.compile(rb'"%s"%s:%s' % (re.escape(name.encode()), _SPACE, _SPACE)))
             for name in names
         ),
         key=lambda match: match.start(),
@@ -289,6 +292,13 @@ def unverified_members(raw: bytes, names: tuple[str, ...]) -> dict[str, Any]:
         if len(found) == len(names):
             break
     return {name: value for name, value in found.items() if value is not None}
+
+
+def _keys(raw: bytes, member: re.Pattern[bytes]) -> Iterator[re.Match[bytes]]:
+    """A member's matches where a key begins: a key holding an escaped quote and a member's
+    name is not that member, nor cuts the depth scan inside a string. Checked per match, so
+    the search stays a literal one (a lookbehind in the pattern is ~15x slower)."""
+    return (m for m in member.finditer(raw) if m.start() and raw[m.start() - 1] in _BEFORE_KEY)
 
 
 def read_keyless_record(raw: bytes, where: str) -> dict[str, Any]:
