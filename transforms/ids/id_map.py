@@ -78,6 +78,7 @@ from kvtrace.transforms.ids.map_record import (
     origin_kind,
     read_keyless_record,
     read_record,
+    refusal,
 )
 from kvtrace.transforms.ids.segments import (
     RowBounds,
@@ -1197,12 +1198,21 @@ def publish(
     the map (another run may have committed in its place). intending: told the version, its
     record's path and bytes before the record is created, so a process that outlives this one
     knows the commit by what the path holds, whatever point this one dies at."""
+    metadata = version_bytes(new, key)
+    # No commit writes a record its own reader refuses (checksums a night's record carried in,
+    # say): whatever made it, the version is the reader's before it exists.
+    why = refusal(metadata, key)
+    if why is not None:
+        raise JobStopped(
+            f"version {new.version} of the id map {directory}, as this run would write it, is "
+            f"not one kvtrace reads ({why}): it was not committed, the map was not extended "
+            f"and no trace was published"
+        )
     folders = _new_folders(map_folder(directory), base, new)
     for folder in folders:
         storage.sync_folder(folder)
     if folders:  # the new folders' own entries
         storage.sync_folder(storage.join(directory, "segments"))
-    metadata = version_bytes(new, key)
     record = committed if committed is not None else []
     if current_version_number(directory) != base.version:
         raise _extended(directory, base)
