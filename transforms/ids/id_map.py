@@ -1063,6 +1063,18 @@ def recorded_start(version: MapVersion, *identities: str) -> dict[str, int] | No
     )
 
 
+def _brings_nothing(
+    base: MapVersion, added: dict[str, int], compacted: bool, earliest_ms: int | None, night: Night
+) -> bool:
+    """A night with nothing the map lacks (next_version): no new id, no compaction, and a night
+    the map records already (a rerun) or no request at all."""
+    return (
+        not any(added.values())
+        and not compacted
+        and (earliest_ms is None or recorded_start(base, *night.identities()) is not None)
+    )
+
+
 def next_version(
     directory: str,
     base: MapVersion,
@@ -1078,11 +1090,7 @@ def next_version(
     compaction, and a night the map records already (a rerun) or no request at all. A night of
     known ids only is still recorded, so the gate can confirm where it began. A compacting
     run's segments replace the map's; the others' add to them."""
-    if (
-        not any(added.values())
-        and not compacted
-        and (earliest_ms is None or recorded_start(base, *night.identities()) is not None)
-    ):
+    if _brings_nothing(base, added, compacted, earliest_ms, night):
         return None
     if (night.start["block_ids_from"], night.start["sessions_from"]) != (
         base.next_id["blocks"],
@@ -1226,19 +1234,18 @@ def publish(
     return metadata
 
 
-def check_carried_files(directory: str, base: MapVersion, new: MapVersion) -> None:
+def check_carried_files(directory: str, base: MapVersion, compacted: bool) -> None:
     """Refuse a commit that would list again a file of the base version damaged in place: a
     night reads only the shards its keys fall in, so each file the new version carries over
-    is checked here by its index's sha256 and its footer's digest (segments.check_listed,
-    small reads: docs/ID_MAP.md has the cost). Its row groups are verified when read; one
-    damaged with its footer intact is the window docs/BOUNDS.md accepts."""
+    (every file of the base, unless the night compacts: it rewrites them all) is checked here
+    by its index's sha256 and its footer's digest (segments.check_listed, small reads:
+    docs/ID_MAP.md has the cost). Its row groups are verified when read; one damaged with its
+    footer intact is the window docs/BOUNDS.md accepts."""
+    if compacted:
+        return
     for kind in KINDS:
-        carried = {
-            storage.join(directory, name) for name in set(base.files[kind]) & set(new.files[kind])
-        }
         for segment in base.segment_files(directory, kind):
-            if segment.path in carried:
-                check_listed(segment)
+            check_listed(segment)
 
 
 def check_not_extended(directory: str, base: MapVersion) -> None:
@@ -1340,13 +1347,16 @@ def publish_night(
     if recorded is None and earliest_ms is not None:
         check_night_follows(directory, base, night)
     published = manifest if recorded is None else manifest | {"id_map": recorded}
+    added = {"blocks": added_blocks, "sessions": added_sessions}
+    if not _brings_nothing(base, added, compacted, earliest_ms, night):
+        check_carried_files(directory, base, compacted)
     new = next_version(
         directory,
         base,
         written=settle_segments(
             directory, base.version + 1, {"blocks": block_files, "sessions": session_files}
         ),
-        added={"blocks": added_blocks, "sessions": added_sessions},
+        added=added,
         compacted=compacted,
         hash_shards=hash_shards,
         earliest_ms=earliest_ms,
@@ -1364,7 +1374,6 @@ def publish_night(
                 key,
             )
         return published, None
-    check_carried_files(directory, base, new)
     record = publish(directory, base, new, key, committed, intending)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
