@@ -16,7 +16,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,8 +47,13 @@ from kvtrace.transforms.ids.dense_ids import (
     shard_of,
     split_by,
 )
-from kvtrace.transforms.ids.map_record import KINDS, MAX_DAYS
-from kvtrace.transforms.ids.segments import SegmentFile, read_matching_files, read_segment
+from kvtrace.transforms.ids.map_record import KINDS, MAX_DAYS, is_day, is_int, shown
+from kvtrace.transforms.ids.segments import (
+    SegmentFile,
+    check_listed,
+    read_matching_files,
+    read_segment,
+)
 from kvtrace.transforms.read.measured import join_measured
 from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES
@@ -669,6 +674,16 @@ def _staged_commit(
             )
             for shard, entry in zip(shards, entries)
         ]
+        # The record's checksums are the files' (the carried-files check): a record damaged on
+        # its way back from the job commits nothing.
+        for segment in segments[kind]:
+            try:
+                check_listed(segment)
+            except JobStopped as err:
+                raise ValueError(
+                    f"its checksums of {segment.path} are not the file's: "
+                    f"{JobStopped.message_in(err)}"
+                ) from None
     times = record["times"]
     return (
         manifest,
@@ -676,16 +691,23 @@ def _staged_commit(
         {kind: _whole(record["added"][kind]) for kind in KINDS},
         None if record["earliest_ms"] is None else _whole(record["earliest_ms"], low=-(1 << 63)),
         id_map.NightTimes(
-            {_whole(int(day)): _whole(n) for day, n in times["days"].items()},
+            {_day(day): _whole(n) for day, n in times["days"].items()},
             None if times["last_ms"] is None else _whole(times["last_ms"]),
         ),
     )
 
 
-def _whole(value: object, high: int = (1 << 63) - 1, low: int = 0) -> int:
-    if type(value) is not int or not low <= value <= high:
-        raise ValueError(f"{value!r} where a whole number from {low} to {high} belongs")
+def _whole(value: Any, high: int = (1 << 63) - 1, low: int = 0) -> int:
+    if not is_int(value, low, high):
+        raise ValueError(f"{shown(value)} where a whole number from {low} to {high} belongs")
     return value
+
+
+def _day(name: str) -> int:
+    """A day as the record names it: as a map's published_days does (map_record.is_day)."""
+    if not is_day(name):
+        raise ValueError(f"{shown(name)} where a day's number belongs")
+    return int(name)
 
 
 def publish_trace(config: AnonymizeConfig, manifest: dict) -> dict:

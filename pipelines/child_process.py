@@ -15,20 +15,21 @@ first, interrupts.stops_deferred).
 What the job returns comes back here once the child's message arrived whole. The Beam engine's
 child stages its output and returns what it staged; this process publishes it (the one write
 protocol, anonymize_beam.run_beam): the process that reports a stop or a failure is the one that
-publishes, so what it says is its own record (publish.published_here), and a child that dies or
-is stopped has published nothing. Publishing here is possible because nothing after the
-publication runs in the child: the job's last step only stages the manifest, the dead letters
-are settled by this process already, and the output's lock is this process's. The one thing
-the child commits itself, the id map's version (once its job has finished), it tells this
-process before the commit's record is created (publish.intend: its path and digest) and once the
-commit's publication ends (publish.forward_publications); a child gone in between is told here
-by what the path holds (Intended.stands), so a stop or a death names a commit that stands
-whatever point the child died at. Each folder the child makes (a new id map's parents) it tells
-this process on the same pipe before making it (storage.forward_folders), so this process's run
-removes it on every exit that publishes nothing, the child's death included, as it removes its
-own (storage.run_folders). Its temporary files go into a folder this process owns, removed
-whatever ends the child, and by the next run if this process is killed (it holds the folder's
-lock while it lives: storage.held).
+publishes, so what it says is its own record (publish.published_here), and a child that dies or is
+stopped has published nothing. Publishing here is possible because nothing after the publication
+runs in the child: the job's last step only stages the night's record, from which the child, once
+its job has finished, commits the id map's version and stages the manifest
+(anonymize_night.finish_staged); the dead letters are settled by this process already, and the
+output's lock is this process's. The one thing the child commits itself, that version, it tells
+this process before the commit's record is created (publish.intend: its path and digest) and once
+the commit's publication ends (publish.forward_publications); a child gone in between is told here
+by what the path holds (Intended.stands), so a stop or a death names a commit that stands whatever
+point the child died at. Each folder the child makes (a new id map's parents) it tells this
+process on the same pipe before making it (storage.forward_folders), so this process's run removes
+it on every exit that publishes nothing, the child's death included, as it removes its own
+(storage.run_folders). Its temporary files go into a folder this process owns, removed whatever
+ends the child, and by the next run if this process is killed (it holds the folder's lock while it
+lives: storage.held).
 """
 
 from __future__ import annotations

@@ -76,4 +76,6 @@ def test_a_listed_segment_file_damaged_in_place_is_not_carried_into_the_next_ver
     assert code != 0, stderr
     assert victim.name in stderr, stderr
     assert not (tmp_path / "map" / "versions" / "000003.json").exists()
+    # Refused before the night's segments settle: none moved into a version's folder.
+    assert not list((tmp_path / "map" / "segments").glob("000003-*"))
     assert not (tmp_path / "out2" / "manifest.json").exists()

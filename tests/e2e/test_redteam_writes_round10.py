@@ -56,8 +56,9 @@ def test_a_night_that_fails_after_its_id_map_commit_says_the_map_was_extended(
     assert said and f"version 1 of the id map {id_map}" in said[-1], said
 
 
-# The OOM killer ends the Beam engine's child right after its CommitIdMap step committed the
-# night's id map version (and told the parent so: publish.forward_publications).
+# The OOM killer ends the Beam engine's child right after it committed the night's id map
+# version, its job finished (anonymize_night.finish_staged; told to the parent:
+# publish.forward_publications).
 _KILL_THE_CHILD_AFTER_ITS_COMMIT = """
 import os, signal
 from kvtrace.pipelines import anonymize_night

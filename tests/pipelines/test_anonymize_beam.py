@@ -5,11 +5,12 @@ night's functions."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from test_anonymize_night import BLOCK_SIZE, SALT, night, request
 
-from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+from kvtrace.pipelines.anonymize_config import AnonymizeConfig, IdMapRun
 from kvtrace.pipelines.anonymize_night import kind_keys, number_ids
 from kvtrace.transforms.combiners import fold
 from kvtrace.transforms.dead_letters import DeadLetter, StagedLetters, merge_runs
@@ -124,37 +125,18 @@ def test_the_pipeline_only_stages_the_night_and_its_launcher_commits_the_id_map(
 
     from apache_beam.testing.test_pipeline import TestPipeline
 
-    from helpers import chat, write_jsonl
     from kvtrace.pipelines.anonymize_beam import build
-    from kvtrace.pipelines.anonymize_config import IdMapRun
     from kvtrace.pipelines.anonymize_night import (
         NIGHT_RECORD,
         finish_staged,
         publish_staged,
         run_segments,
     )
-    from kvtrace.transforms.encode.blocks import salt_fingerprint
-    from kvtrace.transforms.ids.id_map import MapIdentity, current_version_number
-    from kvtrace.transforms.ids.map_opening import open_repaired_map
+    from kvtrace.transforms.ids.id_map import current_version_number
     from kvtrace.transforms.write.manifest import manifest_path
 
-    monkeypatch.setenv("KVTRACE_TEST_NIGHT_SALT", SALT.decode())
-    salt = SaltSource("env", "KVTRACE_TEST_NIGHT_SALT")
-    identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, {}, "scheme", {}, "probe")
-    directory, marks = str(tmp_path / "map"), str(tmp_path / "marks")
-    logs = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1_000 * (i + 1), "s") for i in range(6)])
-    (tmp_path / "staging").mkdir()
-    (tmp_path / "letters").mkdir()
-    job = AnonymizeConfig(
-        inputs=((str(logs), logs.stat().st_size),),
-        output=str(tmp_path / "out"),
-        staging=str(tmp_path / "staging"),
-        tokenizer=tiny_tokenizer,
-        salt=salt,
-        dead_letter=str(tmp_path / "letters"),
-        block_size=BLOCK_SIZE,
-        id_map=IdMapRun(directory, open_repaired_map(directory, identity, salt, marks), marks),
-    )
+    job = night_with_a_map(tiny_tokenizer, tmp_path, monkeypatch)
+    directory = str(tmp_path / "map")
     with run_segments(job):
         with TestPipeline() as pipeline:
             build(pipeline, job)
@@ -176,9 +158,88 @@ def test_the_pipeline_only_stages_the_night_and_its_launcher_commits_the_id_map(
 
     # Damaged, the record stops the launcher in one line, committing nothing.
     record.write_text(json.dumps({"manifest": manifest, "segments": {"blocks": [{"shard": -1}]}}))
-    again = dataclasses.replace(
-        job, id_map=IdMapRun(directory, open_repaired_map(directory, identity, salt, marks), marks)
-    )
+    again = dataclasses.replace(job, id_map=map_run(tmp_path, job.salt))
     with pytest.raises(JobStopped, match=r"night\.json cannot be read \(.*-1.*\); nothing"):
         finish_staged(again)
     assert current_version_number(directory) == 1
+
+
+@pytest.mark.slow  # a whole night's pipeline, over a second: .ci/run runs the slow set
+@pytest.mark.parametrize(
+    "damage, refusal",
+    [
+        (
+            "sha256",
+            r"night\.json cannot be read \(its checksums of .*blocks-\d{5}\.parquet are not",
+        ),
+        ("string size", r"night\.json cannot be read \(its checksums of .*blocks-\d{5}\.parquet"),
+        ("extra key", r"version 1 of the id map .* is not one kvtrace reads \(a file's checksum"),
+    ],
+)
+def test_a_night_record_whose_checksums_are_not_the_files_commits_nothing(
+    tiny_tokenizer, tmp_path, monkeypatch, damage, refusal
+):
+    """The launcher commits only checksums that are the files' and that the map's reader
+    reads: a night's record edited on its way back from the job (a wrong sha256, a key kvtrace
+    never writes, a size as a string) stops it in one line, the map not extended, and the map
+    opens as it was."""
+    import json
+
+    from apache_beam.testing.test_pipeline import TestPipeline
+
+    from kvtrace.pipelines.anonymize_beam import build
+    from kvtrace.pipelines.anonymize_night import NIGHT_RECORD, finish_staged, run_segments
+    from kvtrace.transforms.ids.id_map import current_version_number
+
+    job = night_with_a_map(tiny_tokenizer, tmp_path, monkeypatch)
+    directory = str(tmp_path / "map")
+    with run_segments(job):
+        with TestPipeline() as pipeline:
+            build(pipeline, job)
+        record = tmp_path / "letters" / NIGHT_RECORD
+        staged = json.loads(record.read_text())
+        entry = staged["segments"]["blocks"][0]
+        if damage == "sha256":
+            entry["data"]["sha256"] = entry["index"]["sha256"] = "0" * 64
+        elif damage == "extra key":
+            entry["data"]["x"] = 1
+        else:
+            entry["data"]["bytes"] = str(entry["data"]["bytes"])
+        record.write_text(json.dumps(staged))
+        with pytest.raises(JobStopped, match=refusal) as refused:
+            finish_staged(job)
+    assert "\n" not in str(refused.value)
+    assert current_version_number(directory) == 0
+    assert map_run(tmp_path, job.salt).base.version == 0  # the map opens as it was
+
+
+def night_with_a_map(tiny_tokenizer, tmp_path, monkeypatch) -> AnonymizeConfig:
+    """A small night's job over a new id map (tmp_path/map), its record kept in the letters."""
+    from helpers import chat, write_jsonl
+
+    monkeypatch.setenv("KVTRACE_TEST_NIGHT_SALT", SALT.decode())
+    salt = SaltSource("env", "KVTRACE_TEST_NIGHT_SALT")
+    logs = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1_000 * (i + 1), "s") for i in range(6)])
+    (tmp_path / "staging").mkdir()
+    (tmp_path / "letters").mkdir()
+    return AnonymizeConfig(
+        inputs=((str(logs), logs.stat().st_size),),
+        output=str(tmp_path / "out"),
+        staging=str(tmp_path / "staging"),
+        tokenizer=tiny_tokenizer,
+        salt=salt,
+        dead_letter=str(tmp_path / "letters"),
+        block_size=BLOCK_SIZE,
+        id_map=map_run(tmp_path, salt),
+    )
+
+
+def map_run(folder: Path, salt: SaltSource) -> IdMapRun:
+    """The id map folder/map (its marks in folder/marks) opened as a night opens it."""
+    from kvtrace.transforms.encode.blocks import salt_fingerprint
+    from kvtrace.transforms.ids.id_map import MapIdentity
+    from kvtrace.transforms.ids.map_opening import open_repaired_map
+
+    directory, marks = str(folder / "map"), str(folder / "marks")
+    identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, {}, "scheme", {}, "probe")
+    return IdMapRun(directory, open_repaired_map(directory, identity, salt, marks), marks)

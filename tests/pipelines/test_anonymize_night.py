@@ -199,6 +199,39 @@ def test_nights_extend_an_id_map_opened_and_committed_in_turn(tmp_path):
     assert [row["timestamp"] for row in ids[1]] == [1_000, 1_500]  # from the map's origin
 
 
+@pytest.mark.parametrize(
+    "shard, day, shown",
+    [
+        ("x" * 1_000_000, "5", r'"xxx+ \(str\) where a whole number'),
+        (0, " 5", r'" 5" \(str\) where a day'),
+    ]
+    + [(0, "5_0", r'"5_0" \(str\) where a day')],
+)
+def test_a_night_records_value_is_read_as_a_map_reads_it_and_shown_cut(tmp_path, shard, day, shown):
+    """The launcher reads a night's record (anonymize_night.NIGHT_RECORD) with the map's own
+    checks: a day is a day's number as published_days names it, never what int() accepts; a
+    value refused is shown escaped and cut, in one short line."""
+    from kvtrace.pipelines.anonymize_night import NIGHT_RECORD, finish_staged
+    from kvtrace.transforms.ids.id_map import empty_version
+
+    identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, {}, "scheme", {}, "probe")
+    run = IdMapRun(str(tmp_path / "map"), empty_version(identity), str(tmp_path / "marks"))
+    job = config(tmp_path, id_map=run)
+    entry = {"shard": shard, "data": {}, "index": {}, "rows": 1}
+    record = {
+        "manifest": {},
+        "segments": {"blocks": [entry] if shard else [], "sessions": []},
+        "added": {"blocks": 0, "sessions": 0},
+        "earliest_ms": None,
+        "times": {"days": {day: 1}, "last_ms": 5},
+    }
+    (Path(job.dead_letter) / NIGHT_RECORD).write_text(json.dumps(record))
+    with pytest.raises(JobStopped, match=r"night\.json cannot be read \(" + shown) as refused:
+        finish_staged(job)
+    assert len(str(refused.value)) < 300 and "\n" not in str(refused.value)
+    assert current_version_number(str(tmp_path / "map")) == 0
+
+
 def test_an_id_map_needs_a_salt_that_outlives_the_run(tmp_path):
     identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, {}, "scheme", {}, "probe")
     with pytest.raises(SaltError, match="--id-map needs the same salt every run"):

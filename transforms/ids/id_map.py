@@ -78,6 +78,7 @@ from kvtrace.transforms.ids.map_record import (
     origin_kind,
     read_keyless_record,
     read_record,
+    refusal,
 )
 from kvtrace.transforms.ids.segments import (
     RowBounds,
@@ -1062,6 +1063,18 @@ def recorded_start(version: MapVersion, *identities: str) -> dict[str, int] | No
     )
 
 
+def _brings_nothing(
+    base: MapVersion, added: dict[str, int], compacted: bool, earliest_ms: int | None, night: Night
+) -> bool:
+    """A night with nothing the map lacks (next_version): no new id, no compaction, and a night
+    the map records already (a rerun) or no request at all."""
+    return (
+        not any(added.values())
+        and not compacted
+        and (earliest_ms is None or recorded_start(base, *night.identities()) is not None)
+    )
+
+
 def next_version(
     directory: str,
     base: MapVersion,
@@ -1077,11 +1090,7 @@ def next_version(
     compaction, and a night the map records already (a rerun) or no request at all. A night of
     known ids only is still recorded, so the gate can confirm where it began. A compacting
     run's segments replace the map's; the others' add to them."""
-    if (
-        not any(added.values())
-        and not compacted
-        and (earliest_ms is None or recorded_start(base, *night.identities()) is not None)
-    ):
+    if _brings_nothing(base, added, compacted, earliest_ms, night):
         return None
     if (night.start["block_ids_from"], night.start["sessions_from"]) != (
         base.next_id["blocks"],
@@ -1197,12 +1206,21 @@ def publish(
     the map (another run may have committed in its place). intending: told the version, its
     record's path and bytes before the record is created, so a process that outlives this one
     knows the commit by what the path holds, whatever point this one dies at."""
+    metadata = version_bytes(new, key)
+    # No commit writes a record its own reader refuses (checksums a night's record carried in,
+    # say): whatever made it, the version is the reader's before it exists.
+    why = refusal(metadata, key)
+    if why is not None:
+        raise JobStopped(
+            f"version {new.version} of the id map {directory}, as this run would write it, is "
+            f"not one kvtrace reads ({why}): it was not committed, the map was not extended "
+            f"and no trace was published"
+        )
     folders = _new_folders(map_folder(directory), base, new)
     for folder in folders:
         storage.sync_folder(folder)
     if folders:  # the new folders' own entries
         storage.sync_folder(storage.join(directory, "segments"))
-    metadata = version_bytes(new, key)
     record = committed if committed is not None else []
     if current_version_number(directory) != base.version:
         raise _extended(directory, base)
@@ -1216,19 +1234,18 @@ def publish(
     return metadata
 
 
-def check_carried_files(directory: str, base: MapVersion, new: MapVersion) -> None:
+def check_carried_files(directory: str, base: MapVersion, compacted: bool) -> None:
     """Refuse a commit that would list again a file of the base version damaged in place: a
     night reads only the shards its keys fall in, so each file the new version carries over
-    is checked here by its index's sha256 and its footer's digest (segments.check_listed,
-    small reads: docs/ID_MAP.md has the cost). Its row groups are verified when read; one
-    damaged with its footer intact is the window docs/BOUNDS.md accepts."""
+    (every file of the base, unless the night compacts: it rewrites them all) is checked here
+    by its index's sha256 and its footer's digest (segments.check_listed, small reads:
+    docs/ID_MAP.md has the cost). Its row groups are verified when read; one damaged with its
+    footer intact is the window docs/BOUNDS.md accepts."""
+    if compacted:
+        return
     for kind in KINDS:
-        carried = {
-            storage.join(directory, name) for name in set(base.files[kind]) & set(new.files[kind])
-        }
         for segment in base.segment_files(directory, kind):
-            if segment.path in carried:
-                check_listed(segment)
+            check_listed(segment)
 
 
 def check_not_extended(directory: str, base: MapVersion) -> None:
@@ -1330,13 +1347,16 @@ def publish_night(
     if recorded is None and earliest_ms is not None:
         check_night_follows(directory, base, night)
     published = manifest if recorded is None else manifest | {"id_map": recorded}
+    added = {"blocks": added_blocks, "sessions": added_sessions}
+    if not _brings_nothing(base, added, compacted, earliest_ms, night):
+        check_carried_files(directory, base, compacted)
     new = next_version(
         directory,
         base,
         written=settle_segments(
             directory, base.version + 1, {"blocks": block_files, "sessions": session_files}
         ),
-        added={"blocks": added_blocks, "sessions": added_sessions},
+        added=added,
         compacted=compacted,
         hash_shards=hash_shards,
         earliest_ms=earliest_ms,
@@ -1354,7 +1374,6 @@ def publish_night(
                 key,
             )
         return published, None
-    check_carried_files(directory, base, new)
     record = publish(directory, base, new, key, committed, intending)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version

@@ -242,21 +242,51 @@ def test_a_map_of_an_older_format_is_refused_with_what_to_do():
         map_record.read_record(map_record.record_bytes(old), "versions/000001.json", KEY)
 
 
+@pytest.mark.parametrize(
+    "checksum", [PARQUET_CHECKSUM | {"x": 1}, PARQUET_CHECKSUM | {"bytes": "1"}, CHECKSUM]
+)
+def test_a_commit_never_writes_a_record_its_reader_refuses(tmp_path, checksum):
+    """Whatever a version was made from, publish commits only a record read_record reads: one
+    whose checksums are not of the form kvtrace writes (a key it never writes, a size as a
+    string, a segment without its footer's digest) is refused in one line, nothing written."""
+    identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
+    empty = id_map.empty_version(identity)
+    name = "segments/000001-a1a1a1a1a1a1/blocks-00000.parquet"
+    new = id_map.next_version(
+        str(tmp_path),
+        empty,
+        {"blocks": [SegmentFile(f"{tmp_path}/{name}", checksum, CHECKSUM)], "sessions": []},
+        {"blocks": 1, "sessions": 0},
+        False,
+        64,
+        0,
+        night(empty),
+    )
+    (tmp_path / "segments" / "000001-a1a1a1a1a1a1").mkdir(parents=True)
+    with pytest.raises(
+        JobStopped, match="version 1 of the id map .* is not one kvtrace reads"
+    ) as refused:
+        id_map.publish(str(tmp_path), empty, new, KEY)
+    assert "\n" not in str(refused.value)
+    assert id_map.current_version_number(str(tmp_path)) == 0
+    assert not (tmp_path / "versions").exists() or not any((tmp_path / "versions").iterdir())
+
+
 def test_cleanup_keeps_published_and_live_segments(tmp_path):
     identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
     published = id_map.next_version(
         str(tmp_path),
         id_map.empty_version(identity),
-        written(tmp_path, "segments/000001-winner/blocks-00000.parquet"),
+        written(tmp_path, "segments/000001-a1a1a1a1a1a1/blocks-00000.parquet"),
         {"blocks": 1, "sessions": 0},
         False,
         64,
         0,
         night(id_map.empty_version(identity)),
     )
-    (tmp_path / "segments" / "000001-winner").mkdir(parents=True)
+    (tmp_path / "segments" / "000001-a1a1a1a1a1a1").mkdir(parents=True)
     id_map.publish(str(tmp_path), id_map.empty_version(identity), published, KEY)
-    for folder in ("000001-winner", "000001-loser", "000002-live"):
+    for folder in ("000001-a1a1a1a1a1a1", "000001-loser", "000002-live"):
         (tmp_path / "segments" / folder).mkdir(parents=True, exist_ok=True)
         (tmp_path / "segments" / folder / "blocks-00000.parquet").write_bytes(b"x")
     for folder in ("000001-killed", "000002-starting"):  # killed before its first file; live
@@ -269,12 +299,12 @@ def test_cleanup_keeps_published_and_live_segments(tmp_path):
         str(segments / "000001-loser" / "blocks-00000.parquet"),
     ]
     assert sorted(p.name for p in segments.iterdir()) == [
-        "000001-winner",
+        "000001-a1a1a1a1a1a1",
         "000002-live",
         "000002-starting",
     ]
     left = {p.parent.name for p in (tmp_path / "segments").rglob("*.parquet")}
-    assert left == {"000001-winner", "000002-live"}
+    assert left == {"000001-a1a1a1a1a1a1", "000002-live"}
 
 
 def test_a_second_writer_is_refused_at_publish_time(tmp_path):

@@ -13,9 +13,9 @@ CHECKSUM = {"sha256": "0" * 64, "bytes": 1}
 
 
 def _one_night(directory: Path) -> id_map.MapVersion:
-    """Version 1 committed, listing segments/000001-winner."""
+    """Version 1 committed, listing segments/000001-a1a1a1a1a1a1."""
     empty = id_map.empty_version(id_map.MapIdentity("f" * 16, 4, {}, "scheme", {}))
-    winner = f"{directory}/segments/000001-winner/blocks-00000.parquet"
+    winner = f"{directory}/segments/000001-a1a1a1a1a1a1/blocks-00000.parquet"
     published = id_map.next_version(
         str(directory),
         empty,
@@ -29,7 +29,7 @@ def _one_night(directory: Path) -> id_map.MapVersion:
         0,
         id_map.Night({"block_ids_from": 0, "sessions_from": 0, "time_from_ms": 0}, "a" * 64),
     )
-    (directory / "segments" / "000001-winner").mkdir(parents=True)
+    (directory / "segments" / "000001-a1a1a1a1a1a1").mkdir(parents=True)
     id_map.publish(str(directory), empty, published, KEY)
     return published
 

@@ -119,6 +119,27 @@ def test_a_value_an_unverified_record_names_is_shown_escaped_in_one_line():
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [{'}"format_version': 3}, {'}"previous_sha256': "c" * 64}, {'{"previous_sha256': "c" * 64}]
+    + [{'a]"previous_sha256': "c" * 64}, {'}"x': 1}],
+)
+def test_a_key_holding_an_escaped_quote_and_a_members_name_is_not_that_member(kwargs):
+    """A member is read only where a key begins: a chat_template_kwargs key holding `}"` or
+    `{"` and a member's name neither stands for that member nor hides the record's own."""
+    from kvtrace.transforms.ids.anchor import previous_sha256
+
+    record = {
+        "format": map_record.MAP_FORMAT,
+        "format_version": 7,
+        "chat_template_kwargs": kwargs,
+        "previous_sha256": "a" * 64,
+    }
+    raw = map_record.keyed(record, KEY)
+    assert map_record.format_of(raw, "versions/000002.json") == 7
+    assert previous_sha256(raw) == "a" * 64
+
+
 def test_an_unverified_members_value_is_read_within_its_bound():
     """A member's value longer than MAX_MEMBER_BYTES reads as absent, never parsed; members
     nested deeper than the top level, or inside strings, are not the record's."""
