@@ -79,7 +79,7 @@ def _prompt(ts: int, text: str, output_length: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("engine", ["local", "beam"])
+@pytest.mark.parametrize("engine", ["local", pytest.param("beam", marks=pytest.mark.beam)])
 def test_nights_cut_inside_a_granule_give_what_one_run_over_them_gives(
     tiny_tokenizer, tmp_path, capsys, engine
 ):
@@ -122,7 +122,7 @@ def test_nights_cut_inside_a_granule_give_what_one_run_over_them_gives(
     assert nights == trace(tmp_path / "both")
 
 
-@pytest.mark.parametrize("engine", ["local", "beam"])
+@pytest.mark.parametrize("engine", ["local", pytest.param("beam", marks=pytest.mark.beam)])
 def test_a_quiet_nights_clock_reset_is_judged_against_the_map_as_one_run_judges_it(
     tiny_tokenizer, tmp_path, engine
 ):
