@@ -244,7 +244,6 @@ def test_every_eighth_step_of_a_beam_capture_night(capture_night, tmp_path):
     _check_every_point(capture_night, tmp_path, "kill", "beam", every=8)
 
 
-@pytest.mark.xfail(strict=True, reason="open hole: letters orphaned when both settles fail")
 def test_a_failed_nights_letters_are_dropped_by_the_rerun_when_every_settle_fails(
     night, tmp_path, monkeypatch
 ):

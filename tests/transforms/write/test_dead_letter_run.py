@@ -410,7 +410,6 @@ def _failing_on(function, path: str):
     return step
 
 
-@pytest.mark.xfail(strict=True, reason="open hole: letters orphaned when both settles fail")
 @pytest.mark.parametrize("cleanup", ["failure", "hard-end"])
 def test_a_failed_runs_letters_are_never_orphaned_when_every_settle_fails(
     tmp_path, monkeypatch, cleanup
