@@ -498,8 +498,8 @@ def _locked(path: str) -> int | None:
 # file is removed only while it is the file locked; a staged output only once no pointer to its
 # letters stands), which a failure's removal of the folders it made heeds too (run_folders), or
 # be a folder that others may write into too (a dead-letter folder the run made), removed only
-# while empty. Entries are this process's
-# alone: a forked child inherits the registry but never removes its parent's paths.
+# while empty. Entries are this process's alone: a forked child inherits the registry but never
+# removes its parent's paths.
 MAX_LEFTOVERS = 1024  # a stream stages one folder per window: gone ones are forgotten past this
 # path -> its test (None: always ours), and whether it goes only while empty
 _LEFTOVERS: dict[str, tuple[Callable[[], bool] | None, bool]] = {}

@@ -1341,10 +1341,10 @@ class DeadLetterRun:
     tidies up) still publishes its letters, a run that fails before publishes none (its rerun
     writes them: a step of the settle that fails is settled once more, a drop first has the
     letters name no folder, so what a failed removal leaves a run of the output drops, and
-    while the pointer stands no cleanup of the run removes the staged folder it names, which
-    the next run of the output settles it by), and a run killed in between is settled by the
-    next run of that output, whatever its dead-letter folder. Object stores keep no identity: there the run's own word
-    decides, and a killed run's letters go.
+    while the pointer stands no cleanup of the run removes the staged folder it names, so the
+    next run of the output still drops them), and a run killed in between is settled by the
+    next run of that output, whatever its dead-letter folder. Object stores keep no identity:
+    there the run's own word decides, and a killed run's letters go.
     """
 
     # Present (naming the staged folder's identity) once the run's pointer is written: from
