@@ -592,9 +592,11 @@ def _locked(path: str) -> int | None:
 # removes each in its finally block and forgets it; a hard end (the CLI's stop deadline, which
 # ends the process with os._exit past every finally block) removes what is left
 # (remove_leftovers). Each entry may carry a test that it is still this run's to remove (a lock
-# file is removed only while it is the file locked), or be a folder that others may write into
-# too (a dead-letter folder the run made), removed only while empty. Entries are this process's
-# alone: a forked child inherits the registry but never removes its parent's paths.
+# file is removed only while it is the file locked; a staged output only once no pointer to its
+# letters stands), which a failure's removal of the folders it made heeds too (run_folders), or
+# be a folder that others may write into too (a dead-letter folder the run made), removed only
+# while empty. Entries are this process's alone: a forked child inherits the registry but never
+# removes its parent's paths.
 MAX_LEFTOVERS = 1024  # a stream stages one folder per window: gone ones are forgotten past this
 # path -> its test (None: always ours), and whether it goes only while empty
 _LEFTOVERS: dict[str, tuple[Callable[[], bool] | None, bool]] = {}
@@ -604,7 +606,9 @@ _LEFTOVERS_OWNER = [os.getpid()]
 def remove_on_exit(
     path: str, still_ours: Callable[[], bool] | None = None, only_if_empty: bool = False
 ) -> str:
-    """Note a local path this run made (absolute), for remove_leftovers; returns path."""
+    """Note a local path this run made (absolute), for remove_leftovers; returns path.
+    still_ours: whether it is the run's to remove now (while not, no cleanup of the run
+    removes it: _still_ours); a later note of the same path replaces the test."""
     if is_url(path):
         return path
     if _LEFTOVERS_OWNER[0] != os.getpid():  # a forked child's own registry starts empty
@@ -633,18 +637,37 @@ def remove_leftovers() -> None:
 
 
 def _remove_registered() -> None:
-    for path, (still_ours, only_if_empty) in sorted(_LEFTOVERS.items(), reverse=True):
-        if still_ours is not None and not still_ours():
-            continue
-        if only_if_empty:
-            remove_empty_folder(path)
-        elif os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+    # Passes until one removes nothing: a path kept while another stands (a staged output while
+    # its letters' pointer does) goes once a pass removed that one, whatever their names' order.
+    waiting = sorted(_LEFTOVERS.items(), reverse=True)
+    while waiting:
+        kept = [(path, entry) for path, entry in waiting if not _remove_entry(path, *entry)]
+        if len(kept) == len(waiting):
+            return
+        waiting = kept
+
+
+def _remove_entry(path: str, still_ours: Callable[[], bool] | None, only_if_empty: bool) -> bool:
+    """Remove a registered path if it is still the run's to remove; whether that was tried (a
+    removal that fails is not tried again: the next run of the output clears what stays)."""
+    if still_ours is not None and not still_ours():
+        return False
+    if only_if_empty:
+        remove_empty_folder(path)
+    elif os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+    return True
+
+
+def _still_ours(path: str) -> bool:
+    """Whether the run's registry (remove_on_exit) lets its cleanup remove path now."""
+    still_ours = _LEFTOVERS.get(path, (None, False))[0]
+    return still_ours is None or still_ours()
 
 
 # The folders a run made (_make_missing), in the order made (the deepest of each path last),
@@ -658,7 +681,8 @@ def run_folders() -> Iterator[None]:
     kept if the run ends without an error (it published), removed, deepest first and only
     while empty, on every exit that raises (a failure, a refusal, a stop) and at a hard end
     (remove_leftovers), so a run that publishes nothing leaves the operator's folders as they
-    were. A folder the run did not make is never touched. Nested runs are the outer one's."""
+    were; one its registry says is not its to remove now (remove_on_exit) stays. A folder the
+    run did not make is never touched. Nested runs are the outer one's."""
     if os.getpid() in _MADE:
         yield
         return
@@ -719,4 +743,5 @@ def note_child_folder(told: Making) -> None:
 
 def _remove_made(made: list[str]) -> None:
     for folder in reversed(made):
-        remove_empty_folder(folder)
+        if _still_ours(folder):  # a staged output its letters' pointer names stays with it
+            remove_empty_folder(folder)

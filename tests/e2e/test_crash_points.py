@@ -244,6 +244,40 @@ def test_every_eighth_step_of_a_beam_capture_night(capture_night, tmp_path):
     _check_every_point(capture_night, tmp_path, "kill", "beam", every=8)
 
 
+def test_a_failed_nights_letters_are_dropped_by_the_rerun_when_every_settle_fails(
+    night, tmp_path, monkeypatch
+):
+    """The double-failure point: a night refused by --max-rejected-fraction (before it writes
+    a trace file, so its staged folder is empty) whose letters cannot be dropped by either of
+    the settle's attempts (their folder gone read-only). Its pointer stands, so its staged
+    folder outlives its failure; the rerun settles the pointer (the folder still staged: the
+    letters dropped) and publishes the night as an uninterrupted one: nothing left staged,
+    the letters once, the night's counts its own."""
+    base, night2, expected = night
+    work = tmp_path / "work"
+    for name in ("out", "map", "marks"):
+        shutil.copytree(base / f"previous-{name}", work / name)
+    places = ["--output", str(work / "out"), "--id-map", str(work / "map")]
+    places += ["--id-map-marks", str(work / "marks")]
+    remove = os.remove
+
+    def read_only_letters(path, *args, **kwargs):
+        if str(path).startswith(str(work / "out-rejected")) and str(path).endswith("publishes"):
+            raise OSError(30, "Read-only file system", str(path))
+        return remove(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "remove", read_only_letters)
+    assert main([*night2, *places, "--max-rejected-fraction", "0"]) == 1
+    monkeypatch.undo()
+    assert _tree(work / "out") == _tree(base / "previous-out")
+    assert main([*night2, *places]) == 0
+    assert _tree(work / "out") == _tree(expected / "out")
+    assert sorted(p.name for p in work.iterdir()) == ["map", "marks", "out", "out-rejected"]
+    assert _letters(work / "out-rejected") == _letters(expected / "out-rejected")
+    stats = json.loads((work / "out" / "stats.json").read_bytes())
+    assert stats == json.loads((expected / "out" / "stats.json").read_bytes())
+
+
 TRACE = [
     {
         "timestamp": 1000 * i + 37 * (i % 3),

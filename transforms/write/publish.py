@@ -1367,11 +1367,12 @@ class DeadLetterRun:
     a hard end's registry only once the folder is gone unpublished), so an identity is never
     taken for a later folder's. So a run that fails after publishing (a full disk while it
     tidies up) still publishes its letters, a run that fails before publishes none (its rerun
-    writes them: a step of the settle that fails is settled once more, before the run's
-    failure removes its staged folder, and a drop first has the letters name no folder, so
-    what a failed removal leaves a run of the output drops), and a run killed in between is settled by the next run of that output,
-    whatever its dead-letter folder. Object stores keep no identity: there the run's own word
-    decides, and a killed run's letters go.
+    writes them: a step of the settle that fails is settled once more, a drop first has the
+    letters name no folder, so what a failed removal leaves a run of the output drops, and
+    while the pointer stands no cleanup of the run removes the staged folder it names, so the
+    next run of the output still drops them), and a run killed in between is settled by the
+    next run of that output, whatever its dead-letter folder. Object stores keep no identity:
+    there the run's own word decides, and a killed run's letters go.
     """
 
     # Present (naming the staged folder's identity) once the run's pointer is written: from
@@ -1418,10 +1419,17 @@ class DeadLetterRun:
             )
             self.pointer = pointer
             # A hard end removes the pointer (and the letters) only while the output is not
-            # the folder: a published run's are the next run's to settle.
+            # the folder: a published run's are the next run's to settle. Each link of the
+            # chain goes only after the one it tells of: the pointer once its letters are
+            # gone, the staged output (which tells them unpublished) once its pointer is, by
+            # every cleanup of the run (a failure's run_folders too): whatever removal fails,
+            # what stands still tells the next run of the output to drop the letters.
             unpublished = functools.partial(_is_not, self.output, identity)
-            storage.remove_on_exit(pointer, unpublished)
+            storage.remove_on_exit(
+                pointer, functools.partial(_letters_gone, self.output, identity, self.staging)
+            )
             storage.remove_on_exit(self.staging, unpublished)
+            storage.remove_on_exit(output_staging, functools.partial(_gone, pointer))
         with storage.create(storage.join(self.staging, self.PUBLISHES), private=True) as handle:
             handle.write(json.dumps(identity).encode())
 
@@ -1435,10 +1443,10 @@ class DeadLetterRun:
                 try:
                     published = settle_pointed_letters(self.pointer, self.output)
                 except OSError:
-                    # Once more, from what stands, before the run's failure removes the
-                    # folder its pointer is told by (run_folders): a rerun could no longer
-                    # tell these letters unpublished, and they would be left for ever. The
-                    # failure stays the run's.
+                    # Once more, from what stands; should that fail too, the pointer stands,
+                    # and with it the staged folder it names (no cleanup of the run removes
+                    # it meanwhile: begin), which the next run of the output settles first.
+                    # The failure stays the run's.
                     with suppress(OSError):
                         settle_pointed_letters(self.pointer, self.output)
                     raise
@@ -1545,6 +1553,15 @@ def _is_identity(value: object) -> bool:
 
 def _is_not(output: str, identity: list[int] | None) -> bool:
     return _identity(output) != identity
+
+
+def _letters_gone(output: str, identity: list[int] | None, letters: str) -> bool:
+    """Whether an unpublished run's pointer may go: its letters are gone already."""
+    return _is_not(output, identity) and not os.path.lexists(letters)
+
+
+def _gone(path: str) -> bool:
+    return not os.path.lexists(path)
 
 
 def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> list[str]:

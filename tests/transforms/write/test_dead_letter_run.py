@@ -394,3 +394,52 @@ def test_letters_a_drop_left_name_no_folder_and_the_next_run_drops_them(tmp_path
     shutil.rmtree(staging)
     _next_run_of_out(tmp_path, "D")
     assert _tree(tmp_path / "D") == []
+
+
+def _failing_on(function, path: str):
+    """function, failing on path every time, as in a folder gone read-only (silently where
+    the caller ignores errors: rmtree's ignore_errors)."""
+
+    def step(*args, **kwargs):
+        if os.fspath(args[0]) == path:
+            if kwargs.get("ignore_errors"):
+                return None
+            raise OSError(30, "Read-only file system")
+        return function(*args, **kwargs)
+
+    return step
+
+
+@pytest.mark.parametrize("cleanup", ["failure", "hard-end"])
+def test_a_failed_runs_letters_are_never_orphaned_when_every_settle_fails(
+    tmp_path, monkeypatch, cleanup
+):
+    """Both of settle's attempts fail (the crash-point harness, a dead-letter folder gone
+    read-only): the pointer stands, so the failed run's cleanup (run_folders, or a hard end's
+    registry, whose removal of the letters fails too) keeps the staged folder it names, empty
+    as it is, and the next run of the output still tells the letters unpublished and drops
+    them. Had the folder gone, they would name a folder that is gone, taken for a published
+    one moved away, staged for ever."""
+    monkeypatch.setattr(storage, "_LEFTOVERS", {})
+    output = str(tmp_path / "out")
+    run = DeadLetterRun(str(tmp_path / "D"), output, "aaaaaaaaaaaa")
+    staging = staging_folder(output, "aaaaaaaaaaaa")
+    with pytest.raises(OSError), storage.run_folders():
+        storage.make_folder(staging, private=True)  # the run's, as its command makes it
+        run.begin(staging)
+        with open(os.path.join(run.staging, DEAD_LETTER_FILE), "wb") as handle:
+            handle.write(b"a letter\n")
+        publishes = os.path.join(run.staging, DeadLetterRun.PUBLISHES)
+        monkeypatch.setattr(os, "remove", _failing_on(os.remove, publishes))
+        monkeypatch.setattr(shutil, "rmtree", _failing_on(shutil.rmtree, run.staging))
+        try:
+            run.settle(run_succeeded=False)
+        finally:
+            if cleanup == "hard-end":
+                storage.remove_leftovers()
+    monkeypatch.undo()
+    assert os.path.isdir(staging) and _pointers(tmp_path)  # left for the next run to settle
+    _next_run_of_out(tmp_path, "D")
+    assert _tree(tmp_path / "D") == []
+    assert _pointers(tmp_path) == []
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".out")] == []
