@@ -8,8 +8,8 @@ function of the night's end every engine shares (anonymize_night.py).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindow
@@ -30,6 +30,7 @@ from kvtrace.pipelines.anonymize_night import (
     rows_origin_ms,
     run_segments,
     stage_night,
+    stage_refusal,
     write_dead_letters,
     write_stats,
 )
@@ -45,6 +46,7 @@ from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.schemes import engine_hashes
 from kvtrace.transforms.encode.steps import Encode
 from kvtrace.transforms.encode.timestamp_kinds import kind_counts, sum_kind_counts
+from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.ids.dense_ids import new_batch_id
 from kvtrace.transforms.ids.id_map import NightTimes, segment_files_by_shard
 from kvtrace.transforms.ids.segments import SegmentFile
@@ -60,6 +62,7 @@ from kvtrace.transforms.write.steps import NumberParents, WriteShard
 from kvtrace.transforms.write.totals import ExportTotals, sum_totals
 
 __all__ = ["AnonymizeConfig", "AnonymizeOutputs", "build", "run_beam"]
+REFUSED_TAG = "refused"  # a step's refusal, its one line (verdict)
 
 
 def run_beam(config: AnonymizeConfig, flags: Sequence[str]) -> None:
@@ -198,16 +201,24 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         records
         | "CountRead" >> beam.combiners.Count.Globally()
         | "PassGate"
-        >> beam.Map(
-            lambda read, read_rejected, letters, earliest_ms: pass_gate(
-                config, read + read_rejected, letters.tally, earliest_ms, config.timestamp_origin_ms
+        >> beam.FlatMap(
+            lambda read, read_rejected, letters, earliest_ms: verdict(
+                lambda: [
+                    pass_gate(
+                        config,
+                        read + read_rejected,
+                        letters.tally,
+                        earliest_ms,
+                        config.timestamp_origin_ms,
+                    )
+                ]
             ),
             beam.pvalue.AsSingleton(read_letters),
             staged,
             earliest_ms,
-        )
+        ).with_outputs(REFUSED_TAG, main="counts")
     )
-    counts = beam.pvalue.AsSingleton(gated)
+    counts = beam.pvalue.AsSingleton(gated.counts, default_value=None)  # None: refused
     # One file whatever the runner's parallelism or its order (sorted lines), named as the
     # local engine names it, into the run's letters staging folder (published with the run:
     # publish.DeadLetterRun); owner-only, as they hold raw prompts. The folder travels with
@@ -221,7 +232,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
 
     if config.emit_parents:  # ranks need each shard's rows whole: sorted once, here
         rows = rows | "NumberParents" >> NumberParents()
-    trace_files = rows | "WriteShards" >> WriteShards(config, plan, rows_origin, counts)
+    written = rows | "WriteShards" >> WriteShards(config, plan, rows_origin, counts)
+    trace_files = written.files
     totals = (
         hashed
         | "BatchTotals" >> beam.Map(ExportTotals.of_batch, config.coarsening)
@@ -232,7 +244,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "DamagedFiles" >> beam.Filter(lambda letter: letter.reason == DAMAGED_FILE)
         | "CountDamaged" >> beam.combiners.Count.Globally()
     )
-    stats = gated | "WriteStats" >> beam.Map(
+    stats = gated.counts | "WriteStats" >> beam.Map(
         lambda counts, totals, unique, damaged: write_stats(
             config, counts, totals, unique, damaged
         ),
@@ -276,11 +288,36 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             beam.pvalue.AsSingleton(times),
         )
     # Staged once the letters are written, the output's last file: the launcher commits the
-    # map's version (if any), stages the manifest and publishes (run_beam), the job done.
-    summary = manifest | "StageNight" >> beam.Map(
-        _stage_night, config, beam.pvalue.AsList(letters_written), *commit
+    # map's version (if any), stages the manifest and publishes (run_beam), the job done; or
+    # raises the night's refusal, which a step made a verdict of (verdict), never a raise.
+    refusals = (gated[REFUSED_TAG], written[REFUSED_TAG]) | "Refusals" >> beam.Flatten()
+    summary = (
+        pipeline
+        | "NightEnd" >> beam.Create([None])
+        | "StageNight"
+        >> beam.Map(
+            _stage_night,
+            config,
+            beam.pvalue.AsList(manifest),
+            beam.pvalue.AsList(refusals),
+            beam.pvalue.AsList(letters_written),
+            *commit,
+        )
     )
     return AnonymizeOutputs(trace_files, letters_written, summary)
+
+
+def verdict(produce: Callable[[], Iterable[Any]]) -> Iterator[Any]:
+    """A step's outputs (produce's, whole), or its refusal (JobStopped) as its one line on
+    REFUSED_TAG: a step never raises a refusal, which a remote runner would retry as a
+    failure (Flink's restart strategy: 20 attempts, a traceback each); StageNight stages it
+    for the launcher, which raises it once the job has finished (finish_staged)."""
+    try:
+        outputs = list(produce())
+    except JobStopped as err:
+        yield beam.pvalue.TaggedOutput(REFUSED_TAG, JobStopped.message_in(err))
+        return
+    yield from outputs
 
 
 def _write_letters(config: AnonymizeConfig, staged: StagedLetters) -> int:
@@ -398,7 +435,7 @@ class WriteShards(beam.PTransform):
             | "GroupByShard" >> beam.GroupByKey()
             | "Write"
             >> beam.ParDo(
-                WriteShard(
+                GatedShard(
                     config.staging,
                     config.coarsening,
                     block_hashes_staging(config.block_hashes, config.staging),
@@ -407,8 +444,19 @@ class WriteShards(beam.PTransform):
                 self._plan,
                 self._origin,
                 self._counts,
-            )
+            ).with_outputs(REFUSED_TAG, main="files")
         )
+
+
+class GatedShard(WriteShard):
+    """WriteShard once the gate has passed (its counts; None: the night was refused, nothing is
+    written), its refusal of a row (write_shard's) a verdict."""
+
+    def process(
+        self, element: tuple[int, Any], plan: Any, origin: int, gate: object
+    ) -> Iterator[Any]:
+        if gate is not None:
+            yield from verdict(lambda: super(GatedShard, self).process(element, plan, origin, gate))
 
 
 class StageLetters(beam.DoFn):
@@ -429,8 +477,10 @@ class StageLetters(beam.DoFn):
 
 
 def _stage_night(
-    manifest: dict,
+    _: None,
     config: AnonymizeConfig,
+    manifests: list[dict],
+    refusals: list[str],
     letters_written: list[int],
     block_files: Sequence[SegmentFile] = (),
     session_files: Sequence[SegmentFile] = (),
@@ -441,10 +491,13 @@ def _stage_night(
 ) -> dict:
     """The night's record staged for the launcher (anonymize_night.stage_night), once the
     letters are written (letters_written: waited for, not read); without an id map, its
-    manifest alone."""
+    manifest alone. A night refused (refusals: steps' verdicts) is staged as its refusal, the
+    first in order, whatever the runner's order (stage_refusal)."""
+    if refusals:  # then no manifest: the gate refused, or a shard, which the manifest awaits
+        return stage_refusal(config, min(refusals))
     return stage_night(
         config,
-        manifest,
+        manifests[0],
         {"blocks": list(block_files), "sessions": list(session_files)},
         {"blocks": added_blocks, "sessions": added_sessions},
         earliest_ms,

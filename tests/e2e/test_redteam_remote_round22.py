@@ -28,7 +28,6 @@ def night_with_a_letter(folder: Path) -> Path:
     )
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND)
 def test_a_night_refused_by_its_gate_on_flink_says_so_in_one_line(tiny_tokenizer, tmp_path):
     """Too much input rejected: the gate (PassGate, a pipeline step) refuses the night. Flink
     restarts the job on that deterministic refusal (its restart strategy: 20 attempts), and each
