@@ -1,5 +1,5 @@
 """Red team round 22, remote runners (Beam on a real local Flink cluster): reproducers of the
-holes found, each asserting the promised behaviour (xfail until fixed). They need the cluster:
+holes found, each asserting the promised behaviour (fixed in round 22). They need the cluster:
 deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1 deploy/flink/local-cluster.sh python
 -m pytest -m slow tests/e2e/test_redteam_remote_round22.py."""
 
@@ -16,7 +16,6 @@ from helpers import ON_FLINK, ROOT, SALT, chat, write_jsonl
 
 pytestmark = [pytest.mark.slow, *ON_FLINK]
 FLINK = ("--config", str(ROOT / "configs" / "flink-local.yaml"))
-ROUND = "red team round 22"
 CLUSTER = ROOT / "deploy" / "flink" / "local-cluster.sh"
 
 
@@ -66,7 +65,6 @@ def test_a_night_refused_by_its_gate_on_flink_says_so_in_one_line(tiny_tokenizer
     assert "Traceback" not in done.stderr, done.stderr[:2000]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND)
 def test_a_parallelism_the_cluster_cannot_seat_ends_with_one_line(tiny_tokenizer, tmp_path):
     """--parallelism 8 on a cluster of 2 slots: the job is submitted and waits for slots it
     never gets, RUNNING with no task started, and the launcher waits with it, silent, for good
