@@ -311,11 +311,13 @@ def verdict(produce: Callable[[], Iterable[Any]]) -> Iterator[Any]:
     """A step's outputs (produce's, whole), or its refusal (JobStopped) as its one line on
     REFUSED_TAG: a step never raises a refusal, which a remote runner would retry as a
     failure (Flink's restart strategy: 20 attempts, a traceback each); StageNight stages it
-    for the launcher, which raises it once the job has finished (finish_staged)."""
+    for the launcher, which raises it once the job has finished (finish_staged). The line
+    travels as bytes: Beam carries text as UTF-8, and a path it names need not be."""
     try:
         outputs = list(produce())
     except JobStopped as err:
-        yield beam.pvalue.TaggedOutput(REFUSED_TAG, JobStopped.message_in(err))
+        line = JobStopped.message_in(err) or str(err)
+        yield beam.pvalue.TaggedOutput(REFUSED_TAG, line.encode("utf-8", "surrogateescape"))
         return
     yield from outputs
 
@@ -480,7 +482,7 @@ def _stage_night(
     _: None,
     config: AnonymizeConfig,
     manifests: list[dict],
-    refusals: list[str],
+    refusals: list[bytes],
     letters_written: list[int],
     block_files: Sequence[SegmentFile] = (),
     session_files: Sequence[SegmentFile] = (),
@@ -494,7 +496,7 @@ def _stage_night(
     manifest alone. A night refused (refusals: steps' verdicts) is staged as its refusal, the
     first in order, whatever the runner's order (stage_refusal)."""
     if refusals:  # then no manifest: the gate refused, or a shard, which the manifest awaits
-        return stage_refusal(config, min(refusals))
+        return stage_refusal(config, min(refusals).decode("utf-8", "surrogateescape"))
     return stage_night(
         config,
         manifests[0],

@@ -244,5 +244,13 @@ def test_a_step_refusing_yields_its_line_as_a_verdict_and_nothing_else():
     (refused,) = verdict(refusing)
     assert (refused.tag, refused.value) == (
         REFUSED_TAG,
-        "trace shard 3: a value out of range; nothing published",
+        b"trace shard 3: a value out of range; nothing published",
     )
+
+    # A line naming a path that is not UTF-8 travels (Beam carries text as UTF-8) and comes
+    # back whole in the launcher.
+    def naming(path: str):
+        raise JobStopped(f"the id map {path} began on epoch dates")
+
+    (refused,) = verdict(lambda: naming("/maps/\udcff"))
+    assert refused.value == b"the id map /maps/\xff began on epoch dates"
