@@ -8,7 +8,7 @@ function of the night's end every engine shares (anonymize_night.py).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -46,14 +46,13 @@ from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.schemes import engine_hashes
 from kvtrace.transforms.encode.steps import Encode
 from kvtrace.transforms.encode.timestamp_kinds import kind_counts, sum_kind_counts
-from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.ids.dense_ids import new_batch_id
 from kvtrace.transforms.ids.id_map import NightTimes, segment_files_by_shard
 from kvtrace.transforms.ids.segments import SegmentFile
 from kvtrace.transforms.ids.steps import AssignDenseIds, ReadIdMap, WriteSegmentShard
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.steps import JoinBatchHalves, ReadRecords, RouteSessions, parse_records
-from kvtrace.transforms.steps import BatchByWeight, CombineWith, metered
+from kvtrace.transforms.steps import REFUSED_TAG, BatchByWeight, CombineWith, metered, verdict
 from kvtrace.transforms.write.coarsen import published_requests
 from kvtrace.transforms.write.manifest import trace_origin_ms
 from kvtrace.transforms.write.rows import assemble_rows, request_room
@@ -62,7 +61,6 @@ from kvtrace.transforms.write.steps import NumberParents, WriteShard
 from kvtrace.transforms.write.totals import ExportTotals, sum_totals
 
 __all__ = ["AnonymizeConfig", "AnonymizeOutputs", "build", "run_beam"]
-REFUSED_TAG = "refused"  # a step's refusal, its one line (verdict)
 
 
 def run_beam(config: AnonymizeConfig, flags: Sequence[str]) -> None:
@@ -102,7 +100,10 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     parsed = records | "ParseRequests" >> ParseRequests(config.parse, config.route_sessions)
     # HashedBatch elements, every later step works per batch; of the input's timestamp kind only.
     encoded = parsed["requests"] | "Encode" >> Encode(
-        config.encode, established=published_days(config), withhold=config.parse.withholds_letters
+        config.encode,
+        established=published_days(config),
+        withhold=config.parse.withholds_letters,
+        refuses=True,
     )
     earliest = (
         encoded["hashed"]
@@ -290,7 +291,11 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     # Staged once the letters are written, the output's last file: the launcher commits the
     # map's version (if any), stages the manifest and publishes (run_beam), the job done; or
     # raises the night's refusal, which a step made a verdict of (verdict), never a raise.
-    refusals = (gated[REFUSED_TAG], written[REFUSED_TAG]) | "Refusals" >> beam.Flatten()
+    refusals = (
+        encoded[REFUSED_TAG],
+        gated[REFUSED_TAG],
+        written[REFUSED_TAG],
+    ) | "Refusals" >> beam.Flatten()
     summary = (
         pipeline
         | "NightEnd" >> beam.Create([None])
@@ -305,21 +310,6 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         )
     )
     return AnonymizeOutputs(trace_files, letters_written, summary)
-
-
-def verdict(produce: Callable[[], Iterable[Any]]) -> Iterator[Any]:
-    """A step's outputs (produce's, whole), or its refusal (JobStopped) as its one line on
-    REFUSED_TAG: a step never raises a refusal, which a remote runner would retry as a
-    failure (Flink's restart strategy: 20 attempts, a traceback each); StageNight stages it
-    for the launcher, which raises it once the job has finished (finish_staged). The line
-    travels as bytes: Beam carries text as UTF-8, and a path it names need not be."""
-    try:
-        outputs = list(produce())
-    except JobStopped as err:
-        line = JobStopped.message_in(err) or str(err)
-        yield beam.pvalue.TaggedOutput(REFUSED_TAG, line.encode("utf-8", "surrogateescape"))
-        return
-    yield from outputs
 
 
 def _write_letters(config: AnonymizeConfig, staged: StagedLetters) -> int:
