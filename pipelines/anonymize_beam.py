@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindow
@@ -30,6 +30,7 @@ from kvtrace.pipelines.anonymize_night import (
     rows_origin_ms,
     run_segments,
     stage_night,
+    stage_refusal,
     write_dead_letters,
     write_stats,
 )
@@ -51,7 +52,7 @@ from kvtrace.transforms.ids.segments import SegmentFile
 from kvtrace.transforms.ids.steps import AssignDenseIds, ReadIdMap, WriteSegmentShard
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.steps import JoinBatchHalves, ReadRecords, RouteSessions, parse_records
-from kvtrace.transforms.steps import BatchByWeight, CombineWith, metered
+from kvtrace.transforms.steps import REFUSED_TAG, BatchByWeight, CombineWith, metered, verdict
 from kvtrace.transforms.write.coarsen import published_requests
 from kvtrace.transforms.write.manifest import trace_origin_ms
 from kvtrace.transforms.write.rows import assemble_rows, request_room
@@ -99,7 +100,10 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     parsed = records | "ParseRequests" >> ParseRequests(config.parse, config.route_sessions)
     # HashedBatch elements, every later step works per batch; of the input's timestamp kind only.
     encoded = parsed["requests"] | "Encode" >> Encode(
-        config.encode, established=published_days(config), withhold=config.parse.withholds_letters
+        config.encode,
+        established=published_days(config),
+        withhold=config.parse.withholds_letters,
+        refuses=True,
     )
     earliest = (
         encoded["hashed"]
@@ -198,16 +202,24 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         records
         | "CountRead" >> beam.combiners.Count.Globally()
         | "PassGate"
-        >> beam.Map(
-            lambda read, read_rejected, letters, earliest_ms: pass_gate(
-                config, read + read_rejected, letters.tally, earliest_ms, config.timestamp_origin_ms
+        >> beam.FlatMap(
+            lambda read, read_rejected, letters, earliest_ms: verdict(
+                lambda: [
+                    pass_gate(
+                        config,
+                        read + read_rejected,
+                        letters.tally,
+                        earliest_ms,
+                        config.timestamp_origin_ms,
+                    )
+                ]
             ),
             beam.pvalue.AsSingleton(read_letters),
             staged,
             earliest_ms,
-        )
+        ).with_outputs(REFUSED_TAG, main="counts")
     )
-    counts = beam.pvalue.AsSingleton(gated)
+    counts = beam.pvalue.AsSingleton(gated.counts, default_value=None)  # None: refused
     # One file whatever the runner's parallelism or its order (sorted lines), named as the
     # local engine names it, into the run's letters staging folder (published with the run:
     # publish.DeadLetterRun); owner-only, as they hold raw prompts. The folder travels with
@@ -221,7 +233,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
 
     if config.emit_parents:  # ranks need each shard's rows whole: sorted once, here
         rows = rows | "NumberParents" >> NumberParents()
-    trace_files = rows | "WriteShards" >> WriteShards(config, plan, rows_origin, counts)
+    written = rows | "WriteShards" >> WriteShards(config, plan, rows_origin, counts)
+    trace_files = written.files
     totals = (
         hashed
         | "BatchTotals" >> beam.Map(ExportTotals.of_batch, config.coarsening)
@@ -232,7 +245,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "DamagedFiles" >> beam.Filter(lambda letter: letter.reason == DAMAGED_FILE)
         | "CountDamaged" >> beam.combiners.Count.Globally()
     )
-    stats = gated | "WriteStats" >> beam.Map(
+    stats = gated.counts | "WriteStats" >> beam.Map(
         lambda counts, totals, unique, damaged: write_stats(
             config, counts, totals, unique, damaged
         ),
@@ -276,9 +289,25 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             beam.pvalue.AsSingleton(times),
         )
     # Staged once the letters are written, the output's last file: the launcher commits the
-    # map's version (if any), stages the manifest and publishes (run_beam), the job done.
-    summary = manifest | "StageNight" >> beam.Map(
-        _stage_night, config, beam.pvalue.AsList(letters_written), *commit
+    # map's version (if any), stages the manifest and publishes (run_beam), the job done; or
+    # raises the night's refusal, which a step made a verdict of (verdict), never a raise.
+    refusals = (
+        encoded[REFUSED_TAG],
+        gated[REFUSED_TAG],
+        written[REFUSED_TAG],
+    ) | "Refusals" >> beam.Flatten()
+    summary = (
+        pipeline
+        | "NightEnd" >> beam.Create([None])
+        | "StageNight"
+        >> beam.Map(
+            _stage_night,
+            config,
+            beam.pvalue.AsList(manifest),
+            beam.pvalue.AsList(refusals),
+            beam.pvalue.AsList(letters_written),
+            *commit,
+        )
     )
     return AnonymizeOutputs(trace_files, letters_written, summary)
 
@@ -398,7 +427,7 @@ class WriteShards(beam.PTransform):
             | "GroupByShard" >> beam.GroupByKey()
             | "Write"
             >> beam.ParDo(
-                WriteShard(
+                GatedShard(
                     config.staging,
                     config.coarsening,
                     block_hashes_staging(config.block_hashes, config.staging),
@@ -407,8 +436,19 @@ class WriteShards(beam.PTransform):
                 self._plan,
                 self._origin,
                 self._counts,
-            )
+            ).with_outputs(REFUSED_TAG, main="files")
         )
+
+
+class GatedShard(WriteShard):
+    """WriteShard once the gate has passed (its counts; None: the night was refused, nothing is
+    written), its refusal of a row (write_shard's) a verdict."""
+
+    def process(
+        self, element: tuple[int, Any], plan: Any, origin: int, gate: object
+    ) -> Iterator[Any]:
+        if gate is not None:
+            yield from verdict(lambda: super(GatedShard, self).process(element, plan, origin, gate))
 
 
 class StageLetters(beam.DoFn):
@@ -429,8 +469,10 @@ class StageLetters(beam.DoFn):
 
 
 def _stage_night(
-    manifest: dict,
+    _: None,
     config: AnonymizeConfig,
+    manifests: list[dict],
+    refusals: list[bytes],
     letters_written: list[int],
     block_files: Sequence[SegmentFile] = (),
     session_files: Sequence[SegmentFile] = (),
@@ -441,10 +483,13 @@ def _stage_night(
 ) -> dict:
     """The night's record staged for the launcher (anonymize_night.stage_night), once the
     letters are written (letters_written: waited for, not read); without an id map, its
-    manifest alone."""
+    manifest alone. A night refused (refusals: steps' verdicts) is staged as its refusal, the
+    first in order, whatever the runner's order (stage_refusal)."""
+    if refusals:  # then no manifest: the gate refused, or a shard, which the manifest awaits
+        return stage_refusal(config, min(refusals).decode("utf-8", "surrogateescape"))
     return stage_night(
         config,
-        manifest,
+        manifests[0],
         {"blocks": list(block_files), "sessions": list(session_files)},
         {"blocks": added_blocks, "sessions": added_sessions},
         earliest_ms,

@@ -584,6 +584,7 @@ def _version_name(directory: str, version: int) -> str:
 # What a Beam night stages for its launcher (stage_night): beside the run's letters, in their
 # owner-only staging folder, of which only the letters and the measured file are published.
 NIGHT_RECORD = "night.json"
+REFUSED = "refused"  # a refused night's record holds only its one line
 # Bounded as the manifest it holds is, plus each kind's segment files (an entry is ~0.4 KiB)
 # and the night's days (~30 bytes each, MAX_DAYS at most).
 MAX_NIGHT_RECORD_BYTES = MAX_MANIFEST_BYTES + len(KINDS) * MAX_HASH_SHARDS * 1024 + MAX_DAYS * 64
@@ -626,6 +627,18 @@ def stage_night(
                 "last_ms": times.last_ms,
             },
         }
+    return _stage_record(config, record)
+
+
+def stage_refusal(config: AnonymizeConfig, reason: str) -> dict:
+    """A night a step of its job refused (JobStopped's one line), staged as its record in place
+    of stage_night's: the job finishes, as a step that raises is retried by a remote runner
+    (Flink: its restart strategy, a traceback each attempt), and the launcher raises the
+    refusal (finish_staged) before any commit or publication. Returns the record."""
+    return _stage_record(config, {REFUSED: reason})
+
+
+def _stage_record(config: AnonymizeConfig, record: dict) -> dict:
     with storage.create(storage.join(config.dead_letter, NIGHT_RECORD), private=True) as handle:
         handle.write(canonical_json(record))
     return record
@@ -635,17 +648,32 @@ def finish_staged(config: AnonymizeConfig) -> dict:
     """In the launcher, once the job that staged the night (stage_night) has finished: the id
     map's version committed (commit_id_map), then the manifest staged, as the local engine's
     driver does (publish_night). Returns the manifest to publish (publish_staged). A record
-    missing or damaged is a one-line JobStopped: nothing committed, nothing published."""
+    missing or damaged, or the night refused by a step (stage_refusal), is a one-line
+    JobStopped: nothing committed, nothing published."""
     path = storage.join(config.dead_letter, NIGHT_RECORD)
     try:
         record = parse_json(read_bytes(path, MAX_NIGHT_RECORD_BYTES))
-        manifest, segments, added, earliest_ms, times = _staged_commit(config, record)
+        refused = _refusal(record)
+        if refused is None:
+            manifest, segments, added, earliest_ms, times = _staged_commit(config, record)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise JobStopped(
             f"the job's staged night {path} cannot be read ({err}); nothing was published"
         ) from None
+    if refused is not None:
+        raise JobStopped(refused)
     manifest = commit_id_map(config, manifest, segments, added, earliest_ms, times)
     return stage_manifest(config, manifest)
+
+
+def _refusal(record: object) -> str | None:
+    """The one line of a refused night's record (stage_refusal); None for a night's record."""
+    if not isinstance(record, dict) or REFUSED not in record:
+        return None
+    reason = record[REFUSED]
+    if not isinstance(reason, str) or not reason or "\n" in reason:
+        raise ValueError("its refusal is not one line of text")
+    return reason
 
 
 def _staged_commit(

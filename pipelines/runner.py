@@ -16,12 +16,15 @@ import signal
 import socket
 import tempfile
 import threading
+import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import (
     DirectOptions,
+    FlinkRunnerOptions,
     PipelineOptions,
     PortableOptions,
     StandardOptions,
@@ -36,6 +39,14 @@ _LOG = logging.getLogger("kvtrace")
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
 # A job server or worker pool that is up accepts a connection at once; Beam would wait minutes.
 ENDPOINT_CONNECT_S = 5
+# How long Flink itself waits for a task slot (its slot.request.timeout's default) before it
+# fails the job, which its restart strategy then runs again (20 times): a job none of whose tasks
+# started by then waits for slots the cluster cannot give (a --parallelism above its free ones).
+TASKS_START_S = 300
+FLINK_TASK_STARTED = ("deploying", "initializing", "running", "finished", "reconciling")
+FLINK_ENDED = ("FINISHED", "FAILED", "CANCELED")  # its waiting thread ends with it
+CANCEL_WAIT_S = 30  # for a cancelled job to end; its launcher ends either way
+WATCH_POLL_S = 2  # between two looks at the job's tasks (one small GET on the cluster's REST)
 
 
 class FlinkCheckpointOptions(PipelineOptions):
@@ -132,6 +143,7 @@ def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     """Build the pipeline with build(pipeline), run it to completion, return build's outputs."""
     refuse_unsupervised_workers(options)  # the CLI refused it already: any other caller here
     check_endpoints(options)
+    check_parallelism(options)
     pipeline = beam.Pipeline(runner=runner_for(options), options=options)
     # Beam's own temporary folder, which it removes only once run() has started: in the run's
     # registry from the moment it exists, so a stop while the pipeline is built leaves none.
@@ -141,7 +153,7 @@ def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
         with contextlib.nullcontext() if is_remote(options) else workers_ended_if_stopped():
             result = pipeline.run()
         with cancelled_if_stopped(result):
-            result.wait_until_finish()
+            wait_for_tasks(result, options)
     finally:
         storage.remove_folder(temporary)
         storage.forget_on_exit(temporary)
@@ -247,6 +259,124 @@ def _check_process_command(config: str) -> None:
             f"the PROCESS environment's command {command!r} is not an executable "
             "file here; workers could not start"
         )
+
+
+def flink_rest(options: PipelineOptions) -> str | None:
+    """The Flink cluster's REST address, when a remote run names it (--flink_master HOST:PORT;
+    configs/flink-local.yaml does); None otherwise (the job server's own, unknown here)."""
+    master = options.view_as(FlinkRunnerOptions).flink_master or ""
+    if not is_remote(options) or not master or master.startswith("["):  # [auto], [local]
+        return None
+    return (master if "://" in master else f"http://{master}").rstrip("/")
+
+
+def check_parallelism(options: PipelineOptions) -> None:
+    """Refuse before submission a --parallelism above the Flink cluster's task slots (its REST
+    address known): the job would wait for slots it can never have."""
+    rest = flink_rest(options)
+    parallelism = options.view_as(FlinkRunnerOptions).parallelism or -1
+    if rest is None or parallelism <= 0:
+        return
+    try:
+        total = _rest_json(f"{rest}/overview")["slots-total"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(
+            f"the Flink cluster's REST address {rest} (--flink_master) does not answer "
+            f"({error}); start the cluster, or name its address"
+        ) from None
+    if type(total) is int and parallelism > total:
+        raise ConfigError(
+            f"--parallelism {parallelism} is above the {total} task slots of the Flink "
+            f"cluster at {rest}: its tasks could never all start; give at most {total}"
+        )
+
+
+def wait_for_tasks(result: Any, options: PipelineOptions) -> None:
+    """result.wait_until_finish(), and when the job runs on a Flink cluster whose REST address
+    is known, watched there: a job none of whose tasks started within TASKS_START_S is
+    cancelled (on the cluster: Beam's job server drops a cancel) and ends the run in one line.
+    A job the watch cannot find or see is waited for as before."""
+    rest = flink_rest(options)
+    if rest is None:
+        result.wait_until_finish()
+        return
+    outcome: list[BaseException | None] = []
+    waiting = threading.Thread(
+        target=_outcome_of, args=(result.wait_until_finish, outcome), daemon=True
+    )
+    waiting.start()
+    job = None
+    started = False
+    deadline = time.monotonic() + TASKS_START_S
+    while not started and time.monotonic() < deadline:
+        waiting.join(WATCH_POLL_S)
+        if not waiting.is_alive():
+            break
+        job = _flink_job(rest, getattr(result, "_job_id", "")) or job
+        started = job is not None and _tasks_started(job)
+    if waiting.is_alive() and job is not None and not started:
+        _cancel_on_cluster(rest, job["jid"])
+        waiting.join(CANCEL_WAIT_S)
+        parallelism = options.view_as(FlinkRunnerOptions).parallelism or -1
+        asked = f"--parallelism {parallelism}" if parallelism > 0 else "the job's parallelism"
+        raise ConfigError(
+            f"the cluster could not start the job's tasks within {TASKS_START_S} s (Flink job "
+            f"{job['jid']} cancelled): is {asked} above its free slots?"
+        )
+    waiting.join()
+    if outcome and outcome[0] is not None:
+        raise outcome[0]
+
+
+def _outcome_of(wait: Callable[[], Any], outcome: list[BaseException | None]) -> None:
+    try:
+        wait()
+    except BaseException as error:  # raised in the launcher's thread, as if waited there
+        outcome.append(error)
+    else:
+        outcome.append(None)
+
+
+def _flink_job(rest: str, job_id: str) -> dict | None:
+    """The Flink job of Beam's job job_id (Beam names it job_id's part before its last `_`), as
+    the cluster's job overview says it; None when not there or the cluster does not answer."""
+    try:
+        jobs = _rest_json(f"{rest}/jobs/overview")["jobs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return next(
+        (
+            job
+            for job in jobs
+            if isinstance(job, dict)
+            and isinstance(job.get("name"), str)
+            and job_id.startswith(job["name"] + "_")
+        ),
+        None,
+    )
+
+
+def _tasks_started(job: dict) -> bool:
+    """Whether any of the job's tasks got a slot (deploying, or on since), or the job ended."""
+    tasks = job.get("tasks") if isinstance(job.get("tasks"), dict) else {}
+    return job.get("state") in FLINK_ENDED or any(
+        type(tasks.get(state)) is int and tasks[state] > 0 for state in FLINK_TASK_STARTED
+    )
+
+
+def _cancel_on_cluster(rest: str, jid: str) -> None:
+    try:
+        request = urllib.request.Request(f"{rest}/jobs/{jid}?mode=cancel", method="PATCH")
+        with urllib.request.urlopen(request, timeout=ENDPOINT_CONNECT_S):
+            pass
+    except OSError as error:  # said, and the run ends anyway
+        _LOG.warning("could not cancel Flink job %s: %s", jid, error)
+
+
+def _rest_json(url: str) -> Any:
+    """One small GET on the cluster's REST address, bounded in time and size."""
+    with urllib.request.urlopen(url, timeout=ENDPOINT_CONNECT_S) as response:
+        return parse_json(response.read(1 << 20))
 
 
 def _check_listening(endpoint: str, what: str, remedy: str) -> None:

@@ -14,6 +14,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 from kvtrace.transforms.batching import WeightedBatcher
 from kvtrace.transforms.combiners import Combiner
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+from kvtrace.transforms.errors import JobStopped
+
+REFUSED_TAG = "refused"  # a step's refusal, its one line (refusal)
 
 
 class BatchByWeight(beam.DoFn):
@@ -61,6 +64,26 @@ def tagged(letter: DeadLetter) -> beam.pvalue.TaggedOutput:
     so a running job's console shows what is being rejected."""
     Metrics.counter("kvtrace", f"rejected_{letter.reason}").inc()
     return beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, letter)
+
+
+def refusal(err: JobStopped) -> beam.pvalue.TaggedOutput:
+    """A refusal (JobStopped) as a step's output, its one line on REFUSED_TAG: a batch job's
+    step never raises one, which a remote runner would retry as a failure (Flink's restart
+    strategy: 20 attempts, a traceback each); the job stages it for its launcher, which raises
+    it once the job has finished. As bytes: Beam carries text as UTF-8, and a path it names
+    need not be."""
+    line = JobStopped.message_in(err) or str(err)
+    return beam.pvalue.TaggedOutput(REFUSED_TAG, line.encode("utf-8", "surrogateescape"))
+
+
+def verdict(produce: Callable[[], Iterable[Any]]) -> Iterator[Any]:
+    """A step's outputs (produce's, whole), or only its refusal (JobStopped, as refusal)."""
+    try:
+        outputs = list(produce())
+    except JobStopped as err:
+        yield refusal(err)
+        return
+    yield from outputs
 
 
 def payload_bytes(value: Any) -> int:

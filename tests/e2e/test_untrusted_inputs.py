@@ -6,19 +6,28 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from helpers import anonymize, chat, write_jsonl
 
 HOSTILE = "{{ ''.__class__.__mro__[1].__subclasses__() }}{{ messages[0].content }}"
 
 
-def test_a_template_reaching_for_python_internals_stops_the_job(tiny_tokenizer, tmp_path, capsys):
+@pytest.mark.parametrize("engine", ["local", pytest.param("beam", marks=pytest.mark.beam)])
+def test_a_template_reaching_for_python_internals_stops_the_job(
+    tiny_tokenizer, tmp_path, capsys, engine
+):
+    """On Beam the encoding step's refusal is an output its job finishes with, raised by the
+    launcher: the same one line."""
     folder = tmp_path / "hostile"
     shutil.copytree(tiny_tokenizer, folder)
     (folder / "chat_template.jinja").write_text(HOSTILE)
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 10)])
-    assert anonymize(str(folder), [src], tmp_path / "out", "--block-size", "4") == 1
+    code = anonymize(str(folder), [src], tmp_path / "out", "--block-size", "4", "--engine", engine)
+    assert code == 1
     err = capsys.readouterr().err
-    assert "Python internals" in err and "Traceback" not in err
+    assert err.splitlines()[-1].startswith("error: the chat template tried to reach Python")
+    assert "Traceback" not in err
     assert not list((tmp_path / "out").glob("trace-*"))
 
 

@@ -243,3 +243,75 @@ def map_run(folder: Path, salt: SaltSource) -> IdMapRun:
     directory, marks = str(folder / "map"), str(folder / "marks")
     identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, {}, "scheme", {}, "probe")
     return IdMapRun(directory, open_repaired_map(directory, identity, salt, marks), marks)
+
+
+@pytest.mark.slow  # a whole night's pipeline, over a second: .ci/run runs the slow set
+def test_a_night_its_gate_refuses_finishes_its_job_and_its_launcher_raises_the_line(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """The gate refuses (too much rejected): no step raises (a remote runner would retry it),
+    the job finishes having written no shard and staged the refusal as the night's record,
+    and the launcher's finish_staged raises its one line, staging no manifest."""
+    import json
+    import os
+
+    from apache_beam.testing.test_pipeline import TestPipeline
+
+    from helpers import chat, write_jsonl
+    from kvtrace.pipelines.anonymize_beam import build
+    from kvtrace.pipelines.anonymize_night import NIGHT_RECORD, finish_staged
+    from kvtrace.transforms.write.manifest import manifest_path
+
+    monkeypatch.setenv("KVTRACE_TEST_NIGHT_SALT", SALT.decode())
+    logs = write_jsonl(tmp_path / "in.jsonl", [chat(0, 1_000), b"bad", b"bad"])
+    (tmp_path / "staging").mkdir()
+    (tmp_path / "letters").mkdir()
+    job = AnonymizeConfig(
+        inputs=((str(logs), logs.stat().st_size),),
+        output=str(tmp_path / "out"),
+        staging=str(tmp_path / "staging"),
+        tokenizer=tiny_tokenizer,
+        salt=SaltSource("env", "KVTRACE_TEST_NIGHT_SALT"),
+        dead_letter=str(tmp_path / "letters"),
+        block_size=BLOCK_SIZE,
+        max_rejected_fraction=0.5,
+    )
+    with TestPipeline() as pipeline:
+        build(pipeline, job)
+    staged = json.loads((tmp_path / "letters" / NIGHT_RECORD).read_text())
+    assert list(staged) == ["refused"]
+    assert staged["refused"].startswith("too much input rejected: 2 of 3 records")
+    assert not list((tmp_path / "staging").glob("trace-*"))
+    with pytest.raises(JobStopped, match=r"^kvtrace stopped the job: too much input rejected"):
+        finish_staged(job)
+    assert not os.path.exists(manifest_path(job.staging))
+
+    # A refusal that is not one line of text is a damaged record, said as one.
+    (tmp_path / "letters" / NIGHT_RECORD).write_text(json.dumps({"refused": ["a", "b"]}))
+    with pytest.raises(JobStopped, match=r"cannot be read \(its refusal is not one line"):
+        finish_staged(job)
+
+
+def test_a_step_refusing_yields_its_line_as_a_verdict_and_nothing_else():
+    """verdict: a step's outputs whole, or (a refusal raised midway) only its one line, tagged,
+    whatever it yielded before it refused."""
+    from kvtrace.pipelines.anonymize_beam import REFUSED_TAG, verdict
+
+    def refusing():
+        yield "a shard"
+        raise JobStopped("trace shard 3: a value out of range; nothing published")
+
+    assert list(verdict(lambda: ["a", "b"])) == ["a", "b"]
+    (refused,) = verdict(refusing)
+    assert (refused.tag, refused.value) == (
+        REFUSED_TAG,
+        b"trace shard 3: a value out of range; nothing published",
+    )
+
+    # A line naming a path that is not UTF-8 travels (Beam carries text as UTF-8) and comes
+    # back whole in the launcher.
+    def naming(path: str):
+        raise JobStopped(f"the id map {path} began on epoch dates")
+
+    (refused,) = verdict(lambda: naming("/maps/\udcff"))
+    assert refused.value == b"the id map /maps/\xff began on epoch dates"

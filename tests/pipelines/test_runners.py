@@ -10,6 +10,7 @@ import os
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -215,3 +216,117 @@ def test_a_launcher_stopped_by_sigterm_cancels_its_job_and_restores_the_handler(
             os.kill(os.getpid(), signal.SIGTERM)
     assert job.cancelled
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+class FakeFlinkRest:
+    """A Flink cluster's REST address on loopback: 2 slots, one job (Beam's job "BeamApp-t")
+    whose tasks are `tasks`; a look at the jobs is noted (seen), as is a cancel (PATCH)."""
+
+    def __init__(self, tasks: dict[str, int]):
+        import http.server
+        import threading
+
+        self.tasks, self.seen, self.cancelled = tasks, threading.Event(), threading.Event()
+        rest = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                job = {"jid": "f1", "name": "BeamApp-t", "state": "RUNNING", "tasks": rest.tasks}
+                body = {"/overview": {"slots-total": 2}, "/jobs/overview": {"jobs": [job]}}
+                self._answer(body.get(self.path, {}))
+                if self.path == "/jobs/overview":
+                    rest.seen.set()
+
+            def do_PATCH(self) -> None:
+                if self.path == "/jobs/f1?mode=cancel":
+                    rest.cancelled.set()
+                self._answer({})
+
+            def _answer(self, body: dict) -> None:
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(json.dumps(body).encode())
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def options(self, parallelism: int):
+        from kvtrace.pipelines.runner import pipeline_options
+
+        return pipeline_options(
+            [
+                "--runner=PortableRunner",
+                f"--flink_master=127.0.0.1:{self.server.server_port}",
+                f"--parallelism={parallelism}",
+            ]
+        )
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeJob:
+    """Beam's result of the fake cluster's job: waiting ends in failure once `ends` is set."""
+
+    _job_id = "BeamApp-t_0123-4567"
+
+    def __init__(self, ends: Any):
+        self._ends = ends
+
+    def wait_until_finish(self) -> None:
+        if not self._ends.wait(60):  # bounded: a failing test never hangs
+            raise AssertionError("never ended")
+        raise RuntimeError("Pipeline BeamApp-t_0123-4567 failed in state CANCELLED")
+
+
+def test_a_parallelism_above_the_clusters_slots_is_refused_before_submission():
+    from kvtrace.pipelines.runner import check_parallelism
+
+    rest = FakeFlinkRest({})
+    try:
+        check_parallelism(rest.options(2))  # what the cluster holds passes
+        with pytest.raises(ConfigError, match=r"^--parallelism 3 is above the 2 task slots"):
+            check_parallelism(rest.options(3))
+    finally:
+        rest.close()
+
+
+def test_a_job_none_of_whose_tasks_start_is_cancelled_and_ends_in_one_line(monkeypatch):
+    """Slots free when it was submitted, taken since (another job): its tasks stay scheduled.
+    At the deadline the job is cancelled on the cluster and the wait ends in one line."""
+    from kvtrace.pipelines import runner
+
+    monkeypatch.setattr(runner, "TASKS_START_S", 0.3)
+    monkeypatch.setattr(runner, "WATCH_POLL_S", 0.01)
+    rest = FakeFlinkRest({"total": 8, "created": 0, "scheduled": 8, "running": 0})
+    try:
+        with pytest.raises(ConfigError) as refused:
+            runner.wait_for_tasks(FakeJob(rest.cancelled), rest.options(2))
+        assert rest.cancelled.is_set()
+    finally:
+        rest.close()
+    assert str(refused.value) == (
+        "the cluster could not start the job's tasks within 0.3 s (Flink job f1 cancelled): "
+        "is --parallelism 2 above its free slots?"
+    )
+
+
+def test_a_job_whose_tasks_started_is_waited_for_and_its_outcome_raised(monkeypatch):
+    """Once a task has started the watch ends: the job's own outcome is the run's (here a
+    failure, raised in the launcher's thread as Beam raised it), however long it takes."""
+    from kvtrace.pipelines import runner
+
+    monkeypatch.setattr(runner, "TASKS_START_S", 0.3)
+    monkeypatch.setattr(runner, "WATCH_POLL_S", 0.01)
+    rest = FakeFlinkRest({"total": 8, "scheduled": 6, "running": 2})
+    try:
+        with pytest.raises(RuntimeError, match="failed in state CANCELLED"):
+            runner.wait_for_tasks(FakeJob(rest.seen), rest.options(2))  # ends once seen
+        assert not rest.cancelled.is_set()
+    finally:
+        rest.close()

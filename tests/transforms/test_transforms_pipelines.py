@@ -98,6 +98,33 @@ def test_encode_requests_instances_of_a_process_share_one_segment_cache(tiny_tok
             copy.teardown()
 
 
+def test_encode_requests_refusing_at_setup_outputs_its_line_once_per_bundle(tiny_tokenizer):
+    """A worker whose tokenizer files are not the run's: with refuses (a batch job's), no raise
+    (a remote runner would retry it), its one line out once per bundle and no batch encoded;
+    without, raised as before (a stream's)."""
+    import apache_beam as beam
+
+    from kvtrace.transforms.encode.steps import EncodeRequests
+    from kvtrace.transforms.errors import JobStopped
+    from kvtrace.transforms.steps import REFUSED_TAG
+
+    salt = SaltSource("random", inline=b"a-test-salt-of-enough-bytes-0123456789")
+    options = EncodeOptions(
+        tiny_tokenizer, salt, block_size=4, tokenizer_sha256={"tokenizer.json": "0" * 64}
+    )
+    dofn = EncodeRequests(options, refuses=True)
+    dofn.setup()
+    dofn.start_bundle()
+    outputs = [out for batch in ([], []) for out in dofn.process(batch)]
+    assert list(dofn.finish_bundle()) == []
+    dofn.teardown()
+    (refused,) = outputs
+    assert isinstance(refused, beam.pvalue.TaggedOutput) and refused.tag == REFUSED_TAG
+    assert refused.value.startswith(b"the tokenizer files of ")
+    with pytest.raises(JobStopped, match="not the ones this run began with"):
+        EncodeRequests(options).setup()
+
+
 def test_write_shard_sorts_rows_and_writes_both_formats(tmp_path):
     import apache_beam as beam
     from apache_beam.testing.test_pipeline import TestPipeline

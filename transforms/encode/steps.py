@@ -23,9 +23,10 @@ from kvtrace.transforms.encode.encode_requests import (
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.segment_cache import COUNTED, SegmentCache
 from kvtrace.transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
+from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.garbage import settle_after_start_up
 from kvtrace.transforms.read.records import Request
-from kvtrace.transforms.steps import BatchByWeight, tagged
+from kvtrace.transforms.steps import REFUSED_TAG, BatchByWeight, refusal, tagged
 
 
 class EncodeRequests(beam.DoFn):
@@ -33,11 +34,14 @@ class EncodeRequests(beam.DoFn):
     to the dead-letter output one by one.
 
     Tokenization overlaps rendering (encode_requests.OverlappedEncoder): batch N's results are
-    emitted by the next call, or by finish_bundle for the last batch.
+    emitted by the next call, or by finish_bundle for the last batch. refuses: a refusal
+    (JobStopped: a tokenizer not the run's, a hostile template) is an output (steps.refusal),
+    once per bundle, never raised; the batch refused is dropped, as the night publishes nothing.
     """
 
-    def __init__(self, options: EncodeOptions):
+    def __init__(self, options: EncodeOptions, refuses: bool = False):
         self._options = options  # where the salt is: the salt itself never enters the graph
+        self._refuses = refuses
         # One segment cache per worker process, shared by the DoFn instances its threads run
         # (Dataflow runs several per process): the budget is a process's, not a thread's.
         self._shared_cache = shared.Shared()
@@ -50,15 +54,22 @@ class EncodeRequests(beam.DoFn):
         self._segment_cache = self._shared_cache.acquire(  # held: the handle keeps weak refs
             lambda: SegmentCache(self._options.segment_cache_bytes)
         )
-        self._encoder = open_encoder(self._options, self._segment_cache)
+        self._encoding: OverlappedEncoder | None = None  # None: refused at setup, every batch
+        try:
+            self._encoder = open_encoder(self._options, self._segment_cache)
+        except JobStopped as err:
+            self._refused = self._refusal_of(err)
+            return
         self._encoding = OverlappedEncoder(self._encoder)
         settle_after_start_up()
 
     def teardown(self) -> None:
-        self._encoding.close()
+        if self._encoding is not None:
+            self._encoding.close()
 
     def start_bundle(self) -> None:
         self._last_window: tuple[Any, Any] | None = None  # where the batch in flight came from
+        self._told: set[bytes] = set()  # the refusals this bundle output
 
     def process(
         self,
@@ -66,7 +77,14 @@ class EncodeRequests(beam.DoFn):
         window=beam.DoFn.WindowParam,
         timestamp=beam.DoFn.TimestampParam,
     ) -> Iterator[Any]:
-        failed, previous = self._encoding.push(batch)
+        if self._encoding is None:
+            yield from self._once(self._refused)
+            return
+        try:
+            failed, previous = self._encoding.push(batch)
+        except JobStopped as err:  # raised rendering it: the batch before it is still in flight
+            yield from self._once(self._refusal_of(err))
+            return
         _refuse_unrepeatable(self._encoder)
         yield from map(tagged, failed)
         yield from _outputs(previous)
@@ -77,16 +95,31 @@ class EncodeRequests(beam.DoFn):
             return
         window, timestamp = self._last_window
         self._last_window = None
-        flushed = self._encoding.flush()
+        try:
+            outputs = list(_outputs(self._encoding.flush()))
+        except JobStopped as err:
+            outputs = list(self._once(self._refusal_of(err)))
         _refuse_unrepeatable(self._encoder)
         self._count_cache()  # here, as no batch tokenizes in the background
-        for output in _outputs(flushed):
+        for output in outputs:
             if isinstance(output, beam.pvalue.TaggedOutput):
                 yield beam.pvalue.TaggedOutput(
                     output.tag, WindowedValue(output.value, timestamp, [window])
                 )
             else:
                 yield WindowedValue(output, timestamp, [window])
+
+    def _refusal_of(self, err: JobStopped) -> beam.pvalue.TaggedOutput:
+        """err as an output (steps.refusal); raised when refusals are not outputs here."""
+        if not self._refuses:
+            raise err
+        return refusal(err)
+
+    def _once(self, refused: beam.pvalue.TaggedOutput) -> Iterator[beam.pvalue.TaggedOutput]:
+        """A refusal output once per bundle (each batch of a refused worker would repeat it)."""
+        if refused.value not in self._told:
+            self._told.add(refused.value)
+            yield refused
 
     def _count_cache(self) -> None:
         counts = self._encoding.take_cache_counts()
@@ -166,7 +199,9 @@ class Encode(beam.PTransform):
     With one_timestamp_kind (batch), only requests of the input's majority timestamp kind go on
     (OneTimestampKind), the others are dead letters too. A stream judges timestamps per window
     against its input so far instead (anonymize_streaming), as a count over an unbounded input
-    never completes. withhold: the run's ParseOptions.withholds_letters, for those letters."""
+    never completes. withhold: the run's ParseOptions.withholds_letters, for those letters.
+    refuses: the refusals of encoding out too (REFUSED_TAG, EncodeRequests), never raised: a
+    batch job's, whose launcher raises them once the job has finished."""
 
     def __init__(
         self,
@@ -174,12 +209,14 @@ class Encode(beam.PTransform):
         one_timestamp_kind: bool = True,
         established: Mapping[int, int] | None = None,
         withhold: bool = False,
+        refuses: bool = False,
     ):
         super().__init__()
         self._options = options
         self._one_timestamp_kind = one_timestamp_kind
         self._established = established
         self._withhold = withhold
+        self._refuses = refuses
 
     def expand(self, requests: beam.PCollection) -> dict[str, beam.PCollection]:
         encoded = (
@@ -191,12 +228,13 @@ class Encode(beam.PTransform):
                 )
             )
             | "RenderTokenizeHash"
-            >> beam.ParDo(EncodeRequests(self._options)).with_outputs(
-                DEAD_LETTER_TAG, main="hashed"
+            >> beam.ParDo(EncodeRequests(self._options, self._refuses)).with_outputs(
+                DEAD_LETTER_TAG, REFUSED_TAG, main="hashed"
             )
         )
+        refused = {REFUSED_TAG: encoded[REFUSED_TAG]} if self._refuses else {}
         if not self._one_timestamp_kind:
-            return {"hashed": encoded.hashed, DEAD_LETTER_TAG: encoded[DEAD_LETTER_TAG]}
+            return {"hashed": encoded.hashed, DEAD_LETTER_TAG: encoded[DEAD_LETTER_TAG], **refused}
         agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind(
             self._established, self._withhold
         )
@@ -204,4 +242,4 @@ class Encode(beam.PTransform):
             encoded[DEAD_LETTER_TAG],
             agreed[DEAD_LETTER_TAG],
         ) | "AllRejected" >> beam.Flatten()
-        return {"hashed": agreed.hashed, DEAD_LETTER_TAG: letters}
+        return {"hashed": agreed.hashed, DEAD_LETTER_TAG: letters, **refused}
