@@ -228,3 +228,44 @@ def test_two_streams_started_together_on_one_dead_letter_folder_keep_both_stream
         for line in file.read_text().splitlines()
     ]
     assert len(published) == 2  # each stream's poison message, one letter each
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 22")
+def test_one_request_hours_ahead_does_not_make_the_streams_next_requests_late(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: requests produced in order are never late, and with nothing late the windows
+    are the batch job's output of the same records (docs/STREAMING.md, Event time). Round 3
+    held a clock reset (a year ahead: a stray by the batch job's rule) off the stream's clock;
+    one request 9 hours ahead (a log line written in local time, not UTC) is within the bulk
+    (plausible_days keeps 7 days), so it becomes the stream's clock (Progress.latest_ms): every
+    open window's deadline counts as passed, window 0 closes as soon as the watermark passes,
+    and a request of window 0 produced a moment later is a `late` letter. The batch job
+    exports all 5 requests."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import message, run_stream, stream_chat, streaming_config
+
+    monkeypatch.setenv("KVTRACE_SALT", "a-streaming-test-salt-0123456789abcdef")
+    first = [stream_chat(STREAM_START_MS + 10_000 * i, i) for i in range(3)]
+    ahead = stream_chat(STREAM_START_MS + 9 * HOUR, 3)
+    after = stream_chat(STREAM_START_MS + 30_000, 4)  # window 0, produced after `ahead`
+    config = streaming_config(tmp_path, tiny_tokenizer, lateness_ms=5_000, idle_ms=3_600_000)
+    arrived = int(time.time()) + 120  # the source's clock: past every arrival so far
+    stream = (
+        TestStream()
+        .add_elements([message(r) for r in first + [ahead]])
+        .advance_watermark_to(arrived)
+        .add_elements([message(after)])
+        .advance_watermark_to_infinity()
+    )
+    run_stream(config, stream)
+    rows = sum(
+        len(p.read_text().splitlines()) for p in Path(config.job.output).rglob("trace-*.jsonl")
+    )
+    assert json.loads((tmp_path / "stream-rejected" / "run-counts.json").read_text()) == {
+        "read": 5,
+        "exported": 5,
+        "rejected": 0,
+    }, f"{rows} rows exported"
