@@ -269,3 +269,46 @@ def test_one_request_hours_ahead_does_not_make_the_streams_next_requests_late(
         "exported": 5,
         "rejected": 0,
     }, f"{rows} rows exported"
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 22")
+def test_a_restart_into_a_streams_own_folder_is_refused_for_what_it_is(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
+    """Promise: a refused restart says why in one line. Launched again on its own --output, a
+    stream is to be refused as one (check_new_stream: "holds a stream already (cumulative.json):
+    its ids continue only in its own job"); the output check every command runs comes first and
+    says the stream's own windows and cumulative.json are files "kvtrace did not write", which
+    sends the operator looking for an intruder (or deleting them) rather than starting a new
+    --output."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import free_port, message, run_stream, stream_chat, streaming_config
+    from kvtrace.cli import main
+
+    monkeypatch.setenv("KVTRACE_SALT", "a-streaming-test-salt-0123456789abcdef")
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    stream = TestStream().add_elements([message(stream_chat(STREAM_START_MS, 0))])
+    run_stream(config, stream.advance_watermark_to_infinity())
+    assert (tmp_path / "stream" / "cumulative.json").exists()
+    # A source nothing serves: the refusal comes before any connection.
+    port = free_port()
+    monkeypatch.setenv("KVTRACE_KAFKA_EXPANSION", f"127.0.0.1:{port}")
+    code = main(
+        [
+            "anonymize",
+            "--streaming",
+            "--input",
+            f"kafka://127.0.0.1:{port}/requests",
+            "--output",
+            str(tmp_path / "stream"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "holds a stream already" in err, err
