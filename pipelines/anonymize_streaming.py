@@ -47,6 +47,7 @@ import re
 import time
 import typing
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -75,7 +76,8 @@ from kvtrace.pipelines.anonymize_night import (
     publish_night,
     write_dead_letters,
 )
-from kvtrace.pipelines.runner import pipeline_options, run
+from kvtrace.pipelines.runner import is_remote, pipeline_options, run
+from kvtrace.pipelines.stream_drain import drained_on_stop
 from kvtrace.transforms import storage
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter, shown_name
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
@@ -91,7 +93,7 @@ from kvtrace.transforms.ids.id_shards import DEFAULT_ID_SHARDS, placed, window_p
 from kvtrace.transforms.ids.steps import QUERY, NumberNew, SeenShard, ShardStore
 from kvtrace.transforms.read.steps import parse_records
 from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
-from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
+from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, parse_json, window_name
 from kvtrace.transforms.write.coarsen import Coarsening, published_requests, round_to
 from kvtrace.transforms.write.manifest import RUN_COUNTS, set_content_times
 from kvtrace.transforms.write.publish import DeadLetterRun
@@ -860,13 +862,37 @@ def check_new_stream(output: str, dead_letter: str) -> None:
         )
 
 
-def run_streaming(config: StreamingConfig, flags: list[str]) -> None:
-    """Run until the runner stops the stream (a drain publishes every window still open)."""
+class Stopped(NamedTuple):
+    """A local stream stopped, drained: the stop's signal and the windows it published."""
+
+    signum: int
+    windows: int
+
+
+def run_streaming(config: StreamingConfig, flags: list[str]) -> Stopped | None:
+    """Run until the runner stops the stream (a drain publishes every window still open); on
+    the local DirectRunner a stop drains it (stream_drain), said in what this returns."""
     options = pipeline_options(flags)
     options.view_as(StandardOptions).streaming = True
     check_new_stream(config.job.output, config.job.dead_letter)
     make_stream_folder(config.job.output)
-    run(lambda pipeline: build(pipeline | "Read" >> read_source(config.source), config), options)
+    local = not is_remote(options) and PUBSUB.fullmatch(config.source)
+    with drained_on_stop(lambda: published_windows(config)) if local else nullcontext() as drain:
+        run(
+            lambda pipeline: build(pipeline | "Read" >> read_source(config.source), config), options
+        )
+    if drain is None or drain.signum is None:
+        return None
+    return Stopped(drain.signum, published_windows(config) - drain.published_at_stop)
+
+
+def published_windows(config: StreamingConfig) -> int:
+    """The windows the stream's cumulative.json counts (0 before its first)."""
+    path = storage.join(config.job.output, STREAM_TOTALS)
+    if not storage.exists(path):
+        return 0
+    with storage.open_read(path) as handle:
+        return int(parse_json(handle.read())["windows"])
 
 
 def make_stream_folder(output: str) -> None:

@@ -715,8 +715,11 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                         f"the windows published so far stay in {output}/window-*/,"
                         f" no other"
                     )  # what the CLI says if the stream is stopped
-                    _run_streaming(config, stream, flags)
-                    return 0
+                    stopped = _run_streaming(config, stream, flags)
+                    if stopped is None:
+                        return 0
+                    print(_drained(stopped.windows, output, dead_letter), file=sys.stderr)
+                    return 128 + stopped.signum
                 finally:
                     storage.remove_folder(config.staging)
             with _with_inputs(config, files, stdin) as config:
@@ -839,7 +842,16 @@ def _stream_source(options: dict[str, Any]) -> tuple[str, int, int, int] | None:
     return check_source(options["input"][0]), window, lateness, shards
 
 
-def _run_streaming(config: Any, stream: tuple[str, int, int, int], flags: list[str]) -> None:
+def _drained(windows: int, output: str, dead_letter: str) -> str:
+    """A stopped local stream's line: its drain published what it had read."""
+    return (
+        f"stopped: drained, the stop published the {windows} window(s) still open in "
+        f"{output}/window-*/ and the letters waiting; counts in {dead_letter}/run-counts.json; "
+        "messages not yet read stay on the subscription"
+    )
+
+
+def _run_streaming(config: Any, stream: tuple[str, int, int, int], flags: list[str]) -> Any:
     from kvtrace.pipelines.anonymize_streaming import StreamingConfig, run_streaming
 
     source, window, lateness, shards = stream
@@ -852,7 +864,7 @@ def _run_streaming(config: Any, stream: tuple[str, int, int, int], flags: list[s
         lateness // 1000,
         shards,
     )
-    run_streaming(StreamingConfig(config, source, window, lateness, id_shards=shards), flags)
+    return run_streaming(StreamingConfig(config, source, window, lateness, id_shards=shards), flags)
 
 
 def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
