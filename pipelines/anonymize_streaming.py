@@ -17,7 +17,8 @@ first-seen order within and across windows), and it is numbered and published, w
 own folder by the night's end every engine runs (anonymize_night.night_requests, then
 publish_night once its ids are back), named by its place among the
 published windows (window-000000, ...: no absolute time leaves), its dead letters published with
-it as a run of the batch job's protocol (publish.DeadLetterRun: rejected-window-000000.jsonl).
+it as a run of the batch job's protocol (publish.DeadLetterRun: rejected-KEY-window-000000.jsonl,
+KEY the output's, so streams of other outputs share a dead-letter folder).
 A runner restored from a checkpoint restores that state with the source's offsets: it publishes
 again, byte for byte, a window it had published after the checkpoint (cut from the same zero),
 and ids go on from the checkpoint's. With nothing late, the windows concatenated are the batch
@@ -27,7 +28,7 @@ go out in time order. Once the zero is fixed, a request of the other kind of tim
 date after a relative zero, or the reverse) is a dead letter (the batch job's rule). Records
 that never became requests (bad JSON, ...) are dead letters of the next window published, or,
 after LETTER_DELAY_S without one (or at the stream's end), published with the cumulative.json
-written then (rejected-letters-000001.jsonl). cumulative.json publishes only what the windows'
+written then (rejected-KEY-letters-000001.jsonl). cumulative.json publishes only what the windows'
 rows prove; what was read and rejected is the operator's, in run-counts.json beside the dead
 letters (as a batch run's). Clock resets are judged as batch judges them,
 against the stream's whole input so far, and never move its clock.
@@ -96,7 +97,7 @@ from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp
 from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, parse_json, window_name
 from kvtrace.transforms.write.coarsen import Coarsening, published_requests, round_to
 from kvtrace.transforms.write.manifest import RUN_COUNTS, set_content_times
-from kvtrace.transforms.write.publish import DeadLetterRun
+from kvtrace.transforms.write.publish import DeadLetterRun, _output_key
 from kvtrace.transforms.write.shards import block_hashes_staging
 
 LATE = "late"
@@ -208,6 +209,22 @@ class StreamingConfig:
     allowed_lateness_ms: int = 0
     idle_ms: int = IDLE_MS
     id_shards: int = DEFAULT_ID_SHARDS  # keys holding the id map: never changes a byte
+    # Names the stream's files in folders streams may share (dead letters, block hashes) as a
+    # batch run's letters are named, by its output (publish._output_key): fixed at launch
+    # (run_streaming), so a restored runner names a window's files again the same.
+    key: str = ""
+
+    def stream_key(self) -> str:
+        return self.key or _output_key(self.job.output)
+
+    def run_name(self, name: str) -> str:
+        """A window's or letters run's name in a shared folder: no two streams' alike."""
+        return f"{self.stream_key()}-{name}"
+
+    def run_counts(self) -> str:
+        """The stream's run counts (RUN_COUNTS, named by its output) in its dead-letter folder."""
+        stem, suffix = os.path.splitext(RUN_COUNTS)
+        return storage.join(self.job.dead_letter, f"{stem}-{self.stream_key()}{suffix}")
 
     def deadline_ms(self, window_start_ms: int) -> int:
         """When a window is published: the watermark past its end plus the allowed lateness."""
@@ -731,9 +748,10 @@ class WriteWindows(beam.DoFn):
         attempt: a retried or restored one starts again from nothing."""
         job = self._config.job
         output = storage.join(job.output, plan.name)
-        # The window's letters are a run of the batch job's protocol, named by the window: a
-        # window published again after a restart replaces its letters as it replaces its folder.
-        rejected = DeadLetterRun(job.dead_letter, output, plan.name)
+        # The window's letters are a run of the batch job's protocol, named by the stream and
+        # the window: a window published again after a restart replaces its letters as it
+        # replaces its folder, another stream's never.
+        rejected = DeadLetterRun(job.dead_letter, output, self._config.run_name(plan.name))
         night = dataclasses.replace(
             job,
             inputs=(),
@@ -747,7 +765,7 @@ class WriteWindows(beam.DoFn):
             storage.remove_folder(leftover)
         if job.block_hashes:  # a window's block hashes as FOLDER/window-*/, beside its output's
             night = dataclasses.replace(
-                night, block_hashes=storage.join(job.block_hashes, plan.name)
+                night, block_hashes=storage.join(job.block_hashes, self._config.run_name(plan.name))
             )
             storage.remove_folder(block_hashes_staging(night.block_hashes, night.staging))
         storage.make_folder(night.staging, private=True)
@@ -816,7 +834,7 @@ def write_cumulative(
         storage.rename(temporary, output)
     else:
         run_name, dead_letters = letters
-        rejected = DeadLetterRun(config.job.dead_letter, output, run_name)
+        rejected = DeadLetterRun(config.job.dead_letter, output, config.run_name(run_name))
         storage.remove_folder(rejected.staging)  # an attempt killed mid-way: not part of this one
         rejected.begin(temporary)  # the rename keeps the file's identity
         write_dead_letters(rejected.staging, dead_letters)
@@ -825,11 +843,7 @@ def write_cumulative(
     # The folder's times, as a night folder's: derived from its content, never the clock's.
     set_content_times(config.job.output)
     # Last: once it counts a record, the window or letters holding it are published.
-    _replace(
-        storage.join(config.job.dead_letter, RUN_COUNTS),
-        canonical_json(stream_run_counts(progress)),
-        private=True,
-    )
+    _replace(config.run_counts(), canonical_json(stream_run_counts(progress)), private=True)
 
 
 def _replace(path: str, content: bytes, private: bool) -> None:
@@ -842,24 +856,44 @@ def _replace(path: str, content: bytes, private: bool) -> None:
 
 
 def check_new_stream(output: str, dead_letter: str) -> None:
-    """A stream's ids live in its runner's state: a second stream into the same folder would
-    number from 0 again beside the first one's windows (a restarted job restores its state and
-    goes on; it is not launched again). Its letters are named by its windows, so a second
-    stream's would replace the first one's in a shared dead-letter folder."""
+    """A stream starts in a new or empty --output: its ids live in its runner's state, so a
+    second stream into a stream's folder would number from 0 again beside the first one's
+    windows (a restarted job restores its state and goes on; it is not launched again), and
+    its windows beside a night's would read as one trace. Its letters and run counts are named
+    by its output (StreamingConfig.key), so only an earlier stream of this same output (its
+    folder since emptied) could have left files the new one would replace."""
     if storage.exists(storage.join(output, STREAM_TOTALS)):
         raise ConfigError(
             f"--output {output} holds a stream already (cumulative.json): its ids "
             "continue only in its own job; a new stream needs a new --output"
         )
-    if storage.exists(storage.join(dead_letter, RUN_COUNTS)) or any(
-        fnmatch.fnmatchcase(name, f"rejected-{run}-*.jsonl")
+    if _holds_anything(output):
+        raise ConfigError(
+            f"--output {output} is not empty: a stream starts in a new or empty folder"
+        )
+    parent = os.path.dirname(output.rstrip("/"))
+    if not storage.is_url(output) and not os.path.isdir(parent):
+        return  # a new place: no stream of it has written anything
+    key = _output_key(output)
+    if any(
+        fnmatch.fnmatchcase(name, pattern)
         for name in storage.files_in(dead_letter)
-        for run in ("window", "letters")
+        for pattern in (f"rejected-{key}-*.jsonl", f"run-counts-{key}.json")
     ):
         raise ConfigError(
-            f"--dead-letter {dead_letter} holds a stream's letters already (named by "
-            "its windows, as a new stream's would be); a new stream needs its own"
+            f"--dead-letter {dead_letter} holds the letters of an earlier stream of "
+            f"--output {output} (named by it, as a new stream's would be); a new stream "
+            "needs a new --output or its own --dead-letter"
         )
+
+
+def _holds_anything(folder: str) -> bool:
+    if storage.is_url(folder):
+        return bool(storage.files_in(folder, nested=True))
+    try:
+        return bool(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):  # new, or not a folder (refused later)
+        return False
 
 
 class Stopped(NamedTuple):
@@ -867,6 +901,7 @@ class Stopped(NamedTuple):
 
     signum: int
     windows: int
+    counts: str  # where its run counts are
 
 
 def run_streaming(config: StreamingConfig, flags: list[str]) -> Stopped | None:
@@ -876,6 +911,7 @@ def run_streaming(config: StreamingConfig, flags: list[str]) -> Stopped | None:
     options.view_as(StandardOptions).streaming = True
     check_new_stream(config.job.output, config.job.dead_letter)
     make_stream_folder(config.job.output)
+    config = dataclasses.replace(config, key=config.stream_key())
     local = not is_remote(options) and PUBSUB.fullmatch(config.source)
     with drained_on_stop(lambda: published_windows(config)) if local else nullcontext() as drain:
         run(
@@ -883,7 +919,8 @@ def run_streaming(config: StreamingConfig, flags: list[str]) -> Stopped | None:
         )
     if drain is None or drain.signum is None:
         return None
-    return Stopped(drain.signum, published_windows(config) - drain.published_at_stop)
+    windows = published_windows(config) - drain.published_at_stop
+    return Stopped(drain.signum, windows, config.run_counts())
 
 
 def published_windows(config: StreamingConfig) -> int:

@@ -609,6 +609,10 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     dead_letter = folded(options.get("dead_letter") or f"{output}-rejected")
     hashes = options.get("emit_block_hashes")
     stream = _stream_source(options)
+    if stream:  # first: a stream's folder is refused for what it holds, not as foreign files
+        from kvtrace.pipelines.anonymize_streaming import check_new_stream
+
+        check_new_stream(output, dead_letter)
     # `-` is standard input wherever the input list came from (flags or a --config file); it is
     # read only once every check that needs none of it has passed (_with_inputs).
     files = [] if stream else expand_inputs([p for p in options["input"] if p != STANDARD_INPUT])
@@ -718,7 +722,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                     stopped = _run_streaming(config, stream, flags)
                     if stopped is None:
                         return 0
-                    print(_drained(stopped.windows, output, dead_letter), file=sys.stderr)
+                    print(_drained(stopped.windows, output, stopped.counts), file=sys.stderr)
                     return 128 + stopped.signum
                 finally:
                     storage.remove_folder(config.staging)
@@ -842,11 +846,11 @@ def _stream_source(options: dict[str, Any]) -> tuple[str, int, int, int] | None:
     return check_source(options["input"][0]), window, lateness, shards
 
 
-def _drained(windows: int, output: str, dead_letter: str) -> str:
+def _drained(windows: int, output: str, counts: str) -> str:
     """A stopped local stream's line: its drain published what it had read."""
     return (
         f"stopped: drained, the stop published the {windows} window(s) still open in "
-        f"{output}/window-*/ and the letters waiting; counts in {dead_letter}/run-counts.json; "
+        f"{output}/window-*/ and the letters waiting; counts in {counts}; "
         "messages not yet read stay on the subscription"
     )
 

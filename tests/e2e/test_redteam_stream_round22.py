@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, STREAM_START_MS, free_port, stream_request
+from helpers import ROOT, STREAM_START_MS, free_port, stream_counts, stream_request
 
 PROJECT = "kvtrace-test"  # Beam checks project names: 6 to 30 characters
 WAIT_S = 120  # a generous bound for a loaded 2-core machine; every wait returns when done
@@ -130,7 +130,7 @@ def wait_until(done, streams: list[subprocess.Popen]) -> None:
 
 def run_counts(folder: Path) -> dict[str, int]:
     try:
-        return json.loads((folder / "run-counts.json").read_text())
+        return stream_counts(folder)
     except (FileNotFoundError, ValueError):  # not yet written, or being replaced
         return {"read": 0, "exported": 0, "rejected": 0}
 
@@ -180,7 +180,6 @@ def test_a_stopped_stream_leaves_every_message_it_did_not_account_for_on_its_sub
 
 
 @needs_emulator
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_two_streams_started_together_on_one_dead_letter_folder_keep_both_streams_letters(
     emulator, tiny_tokenizer, tmp_path
 ):
@@ -274,7 +273,6 @@ def test_one_request_hours_ahead_does_not_make_the_streams_next_requests_late(
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 22")
 def test_a_restart_into_a_streams_own_folder_is_refused_for_what_it_is(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):

@@ -25,6 +25,7 @@ from helpers import (
     message,
     run_stream,
     stream_chat,
+    stream_counts,
     streaming_config,
 )
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
@@ -42,7 +43,6 @@ from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.timestamps import timestamp_kind
 from kvtrace.transforms.trace_format import window_name
 from kvtrace.transforms.write.coarsen import Coarsening, round_to
-from kvtrace.transforms.write.manifest import RUN_COUNTS, read_run_counts
 
 if TYPE_CHECKING:  # Beam is loaded by the tests that run it, not by collecting them
     from kvtrace.pipelines.anonymize_streaming import StreamingConfig
@@ -223,7 +223,7 @@ def test_hostile_messages_are_dead_letters_and_the_counts_add_up(
     good = [message(stream_chat(5_000, 1)), message(stream_chat(6_000, 2))]
     run_stream(config, TestStream().add_elements(HOSTILE + good).advance_watermark_to_infinity())
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
-    counts = read_run_counts(config.job.dead_letter)
+    counts = stream_counts(config.job.dead_letter)
     rejected = letters(Path(config.job.dead_letter))
     assert counts["read"] == counts["exported"] + counts["rejected"] == len(HOSTILE) + len(good)
     assert len(rejected) == counts["rejected"] and all(r["error"] for r in rejected)
@@ -398,22 +398,37 @@ def test_a_second_stream_into_a_streams_folder_is_refused(tmp_path):
     check_new_stream(str(output), str(dead))  # new folders: fine
     dead.mkdir()
     (dead / "rejected-0123456789ab.jsonl").write_text("")  # a batch run's letters: no clash
-    check_new_stream(str(output), str(dead))
     output.mkdir()
+    check_new_stream(str(output), str(dead))  # an empty folder: fine
     (output / "cumulative.json").write_text("{}")
     with pytest.raises(ConfigError, match="holds a stream already"):
         check_new_stream(str(output), str(dead))
 
 
 @pytest.mark.beam
-@pytest.mark.parametrize("run", ["window-000000", "letters-000001"])
-def test_a_second_stream_into_a_streams_dead_letters_is_refused(tmp_path, run):
-    """Its letters would take the first stream's names and replace them."""
+def test_a_stream_into_a_folder_holding_anything_is_refused(tmp_path):
+    """A night's folder, say: the stream's windows beside it would read as one trace."""
     from kvtrace.pipelines.anonymize_streaming import check_new_stream
 
-    (tmp_path / f"rejected-{run}.jsonl").write_text("")
-    with pytest.raises(ConfigError, match="holds a stream's letters already"):
-        check_new_stream(str(tmp_path / "other-stream"), str(tmp_path))
+    (tmp_path / "night" / "trace").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="is not empty"):
+        check_new_stream(str(tmp_path / "night"), str(tmp_path / "night-rejected"))
+
+
+@pytest.mark.beam
+@pytest.mark.parametrize("run", ["window-000000", "letters-000001"])
+def test_streams_of_other_outputs_share_a_dead_letter_folder_the_same_outputs_do_not(tmp_path, run):
+    """Letters are named by their stream's output: another output's never clash; an earlier
+    stream's of this same output (its folder emptied since) would be replaced."""
+    from kvtrace.pipelines.anonymize_streaming import check_new_stream
+
+    dead = tmp_path / "rejected"
+    dead.mkdir()
+    earlier = streaming_config(tmp_path, "x")
+    (dead / f"rejected-{earlier.run_name(run)}.jsonl").write_text("")
+    check_new_stream(str(tmp_path / "other-stream"), str(dead))
+    with pytest.raises(ConfigError, match="letters of an earlier stream"):
+        check_new_stream(earlier.job.output, str(dead))
 
 
 @settings(max_examples=200, deadline=None)
@@ -475,23 +490,28 @@ def test_lone_letters_are_published_with_the_cumulative_json_and_counted_private
     progress = Progress(letter_batches=1, rejected=1)
     write_cumulative(config, progress, ("letters-000001", [letter]))
     dead = Path(config.job.dead_letter)
-    assert sorted(p.name for p in dead.iterdir()) == ["rejected-letters-000001.jsonl", RUN_COUNTS]
+    counts = Path(config.run_counts())
+    assert sorted(p.name for p in dead.iterdir()) == sorted(
+        [f"rejected-{config.stream_key()}-letters-000001.jsonl", counts.name]
+    )
     assert letters(dead) == [json.loads(letter.to_json())]
-    assert read_run_counts(str(dead))["rejected"] == len(letters(dead)) == 1
-    assert (dead / RUN_COUNTS).stat().st_mode & 0o077 == 0  # the operator's, as a batch run's
+    assert stream_counts(dead)["rejected"] == len(letters(dead)) == 1
+    assert counts.stat().st_mode & 0o077 == 0  # the operator's, as a batch run's
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
     assert "rejected" not in cumulative
     assert sorted(p.name for p in Path(config.job.output).iterdir()) == ["cumulative.json"]
 
 
 @pytest.mark.beam
-def test_a_second_stream_into_a_streams_run_counts_is_refused(tmp_path):
-    """It would replace the first stream's counts."""
+def test_a_new_stream_of_an_output_is_refused_its_earlier_streams_run_counts(tmp_path):
+    """It would replace them."""
     from kvtrace.pipelines.anonymize_streaming import check_new_stream
 
-    (tmp_path / RUN_COUNTS).write_text("{}")
-    with pytest.raises(ConfigError, match="holds a stream's letters already"):
-        check_new_stream(str(tmp_path / "other-stream"), str(tmp_path))
+    earlier = streaming_config(tmp_path, "x")
+    Path(earlier.job.dead_letter).mkdir()
+    Path(earlier.run_counts()).write_text("{}")
+    with pytest.raises(ConfigError, match="letters of an earlier stream"):
+        check_new_stream(earlier.job.output, earlier.job.dead_letter)
 
 
 @pytest.mark.beam
