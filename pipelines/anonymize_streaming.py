@@ -31,7 +31,8 @@ after LETTER_DELAY_S without one (or at the stream's end), published with the cu
 written then (rejected-KEY-letters-000001.jsonl). cumulative.json publishes only what the windows'
 rows prove; what was read and rejected is the operator's, in run-counts.json beside the dead
 letters (as a batch run's). Clock resets are judged as batch judges them,
-against the stream's whole input so far, and never move its clock.
+against the stream's whole input so far, and never move its clock; nor does a lone request more
+than a window ahead of the rest until a second one witnesses it (Progress.latest_ms).
 
 Windows are cut and judged in one key (PublishWindows, the controller) and written in one
 (WriteWindows), in order; the id map is in (kind, shard) keys, none holding all of it, and no
@@ -297,23 +298,35 @@ class Progress:
             held, latest = days.get(day, (0, int(on_day.max())))
             days[day] = (held + len(on_day), max(latest, int(on_day.max())))
 
-    def latest_ms(self) -> int | None:
+    def latest_ms(self, config: StreamingConfig) -> int | None:
         """The stream's clock: its latest request within the bulk of its input so far (the batch
         job's rule, plausible_days), so a clock reset, a dead letter once judged, never moves
-        it, whether it came alone or with others, before or after the bulk."""
+        it, whether it came alone or with others, before or after the bulk. Nor does a request
+        more than a window and the allowed lateness ahead of the rest, alone in its window (a
+        producer's clock hours off, within the bulk's days): it waits for a second witness (a
+        request beside it in its window, or a later one), kept in its window meanwhile."""
         waiting = [
             {day: held for day, (held, _) in days.items()} for days in self.open_days.values()
         ]
         first, last = plausible_days(sum_kind_counts([self.published_days] + waiting))
-        kept = [
-            latest
-            for days in self.open_days.values()
-            for day, (_, latest) in days.items()
-            if first <= day <= last
-        ]
+        windows = sorted(
+            (max(latest for _, latest in kept), sum(held for held, _ in kept))
+            for kept in (
+                [(held, latest) for day, (held, latest) in days.items() if first <= day <= last]
+                for days in self.open_days.values()
+            )
+            if kept
+        )
+        rest = [latest for latest, _ in windows[:-1]]
         if self.published_latest_ms is not None:
-            kept.append(self.published_latest_ms)
-        return max(kept, default=None)
+            rest.append(self.published_latest_ms)
+        clock = max(rest, default=None)
+        if windows:
+            top, held = windows[-1]
+            ahead = config.window_ms + config.allowed_lateness_ms
+            if clock is None or held > 1 or top - clock <= ahead:
+                clock = top if clock is None else max(clock, top)
+        return clock
 
     def saw(
         self, config: StreamingConfig, window: int, timestamps: np.ndarray | int, now_ms: int
@@ -329,7 +342,7 @@ class Progress:
     def clock_moved(self, config: StreamingConfig, now_ms: int) -> None:
         """The open windows' deadlines against the stream's clock: passed from now_ms on, or no
         longer passed when the clock went back (the bulk moved off a stray clock's days)."""
-        latest = self.latest_ms()
+        latest = self.latest_ms(config)
         for window, passed in self.passed_ms.items():
             if latest is None or config.deadline_ms(window) > latest:
                 self.passed_ms[window] = None
@@ -351,7 +364,7 @@ class Progress:
         """The open windows due at watermark_ms, oldest first, with every older open window:
         windows go out in time order, so once one is published an older one's requests are
         late (and said so), never a window of their own after it."""
-        latest = self.latest_ms()
+        latest = self.latest_ms(config)
         due = [w for w in self.passed_ms if self.due_ms(config, w, latest) <= watermark_ms]
         return sorted(w for w in self.passed_ms if due and w <= max(due))
 
@@ -359,7 +372,7 @@ class Progress:
         """Each open window's due time (source's watermark), a timer each: a watermark past
         several fires them all in one advance, none waiting for an earlier one's firing to
         set it (a round trip through the runner per window: 1.5 s apart on Flink)."""
-        latest = self.latest_ms()
+        latest = self.latest_ms(config)
         return {w: self.due_ms(config, w, latest) for w in self.passed_ms}
 
     def recut(

@@ -150,11 +150,37 @@ def test_a_clock_reset_never_moves_the_streams_clock(tmp_path):
     progress = Progress()
     progress.saw(config, 0, [10_000], NOW)
     progress.saw(config, RESET, [RESET + 1], NOW + 1)  # one against one: the reset is the bulk
-    assert (progress.latest_ms(), progress.passed_ms[0]) == (RESET + 1, NOW + 1)
+    assert (progress.latest_ms(config), progress.passed_ms[0]) == (RESET + 1, NOW + 1)
     progress.saw(config, 0, [20_000], NOW + 2)  # the bulk is the real requests again
-    assert (progress.latest_ms(), progress.passed_ms) == (20_000, {0: None, RESET: None})
+    assert (progress.latest_ms(config), progress.passed_ms) == (20_000, {0: None, RESET: None})
     progress.saw(config, MINUTE, [70_000], NOW + 3)  # a real request passes window 0's deadline
     assert progress.passed_ms[0] == NOW + 3 and progress.due(config, NOW + 3) == [0]
+
+
+@pytest.mark.beam
+def test_a_lone_request_far_ahead_moves_the_clock_only_with_a_second_witness(tmp_path):
+    """A request more than a window and the allowed lateness ahead of the rest, alone in its
+    window (a producer's clock hours off, within the bulk's days), passes no deadline until a
+    second request stands beside it or after it; it waits in its window meanwhile."""
+    from kvtrace.pipelines.anonymize_streaming import Progress
+
+    config = streaming_config(tmp_path, "x")
+    ahead = 9 * 3_600_000
+    progress = Progress()
+    progress.saw(config, 0, [10_000, 20_000], NOW)
+    progress.saw(config, ahead, [ahead + 1], NOW + 1)
+    assert (progress.latest_ms(config), progress.passed_ms) == (20_000, {0: None, ahead: None})
+    progress.saw(config, ahead, [ahead + 2], NOW + 2)  # a second witness
+    assert progress.latest_ms(config) == ahead + 2 and progress.passed_ms[0] == NOW + 2
+    later = Progress()
+    later.saw(config, 0, [10_000, 20_000], NOW)
+    later.saw(config, ahead, [ahead + 1], NOW + 1)
+    later.saw(config, ahead + 2 * MINUTE, [ahead + 2 * MINUTE], NOW + 2)  # one after it
+    assert later.latest_ms(config) == ahead + 1  # the first is witnessed, the second waits
+    near = Progress()
+    near.saw(config, 0, [10_000], NOW)
+    near.saw(config, MINUTE, [MINUTE + 1], NOW + 1)  # within a window of the clock: moves it
+    assert near.latest_ms(config) == MINUTE + 1 and near.passed_ms[0] == NOW + 1
 
 
 @pytest.mark.beam
@@ -168,7 +194,7 @@ def test_a_reset_arriving_alone_is_judged_with_what_the_stream_published(tmp_pat
     progress.saw(config, 0, [0, 10_000, 20_000], NOW)
     progress.publish(0)
     progress.saw(config, RESET, [RESET + 1], NOW + 1)
-    assert progress.latest_ms() == 20_000
+    assert progress.latest_ms(config) == 20_000
     kept, strays = keep_plausible_windows(
         [(RESET, requests_at(RESET + 1))], progress.published_days
     )
@@ -594,9 +620,10 @@ def test_one_watermark_advance_publishes_every_due_window(tmp_path, monkeypatch)
     pending, progress, letters_due, end = FakeBag(), FakeBag(), FakeTimers(), FakeTimers()
     deadline = FakeTimers()
     state = {"pending": pending, "progress_state": progress, "deadline": deadline}
-    for n, event_ms in enumerate([0, MINUTE + 1, 2 * MINUTE + 2, 3 * MINUTE + 3]):
+    # The last two: a request more than a window ahead of the rest, alone, moves no clock.
+    for n, times in enumerate([[0], [MINUTE + 1], [2 * MINUTE + 2], [3 * MINUTE + 3] * 2]):
         monkeypatch.setattr(anonymize_streaming, "source_now_ms", lambda n=n: NOW + n)
-        publisher.process((0, requests_at(event_ms)), letters_due=letters_due, end=end, **state)
+        publisher.process((0, requests_at(*times)), letters_due=letters_due, end=end, **state)
     watermark_us = (NOW + 10) * 1000
     firing = sorted((at, tag) for tag, at in deadline.set_at.items() if at <= watermark_us)
     for at, _ in firing:  # the timers set when the advance began, none set while they fire
