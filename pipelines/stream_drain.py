@@ -31,18 +31,45 @@ from kvtrace.pipelines.processes import STOP_SIGNALS
 # A drain outlasting this (a pull the emulator holds, a window slow to write) is stopped as a
 # second signal would stop it.
 DRAIN_S = 60.0
+PULL_S = 2.0  # the longest a pull waits for messages
 # Set by a stop: the local Pub/Sub read ends at its next bundle (one stream per process).
 DRAINING = threading.Event()
 
 
 class DrainingPubSubRead(_PubSubReadEvaluator):
     """Beam's DirectRunner Pub/Sub read, which ends (no more pulls, its watermark the end of
-    time) once DRAINING is set; the messages it pulled before go on downstream first."""
+    time) once DRAINING is set; the messages it pulled before go on downstream first. Its pulls
+    wait PULL_S at most for messages, so that a stop is heard soon."""
 
     def finish_bundle(self) -> TransformResult:
         if not DRAINING.is_set():
             return super().finish_bundle()
         return TransformResult(self, [], [], None, {None: MAX_TIMESTAMP})
+
+    @classmethod
+    def _get_subscriber_client(cls, transform: Any) -> Any:
+        return ShortPulls(super()._get_subscriber_client(transform))
+
+
+class ShortPulls:
+    """A subscriber client whose pulls wait PULL_S at most: Beam's wait 30 s, which the emulator
+    (and Pub/Sub, polling long) holds to its end when no message comes, and a drain waited for
+    it. A pull cut short acknowledged nothing: what it was handed comes back."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def pull(self, **request: Any) -> Any:
+        from google.api_core.exceptions import DeadlineExceeded
+        from google.pubsub_v1.types import PullResponse
+
+        try:
+            return self._client.pull(**{**request, "timeout": PULL_S})
+        except DeadlineExceeded:
+            return PullResponse()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
 
 
 # Beam's registry takes evaluators by transform class, this hook its only way in; the read

@@ -48,3 +48,23 @@ def test_a_stream_not_stopped_gives_the_signals_back_untouched():
         assert signal.getsignal(signal.SIGINT) != handler
     assert signal.getsignal(signal.SIGINT) == handler
     assert drain.signum is None and not DRAINING.is_set()
+
+
+@pytest.mark.beam
+def test_pulls_wait_briefly_and_one_cut_short_is_an_empty_pull():
+    from google.api_core.exceptions import DeadlineExceeded
+
+    from kvtrace.pipelines.stream_drain import PULL_S, ShortPulls
+
+    class Client:
+        def __init__(self) -> None:
+            self.timeouts: list[float] = []
+
+        def pull(self, subscription: str, max_messages: int, timeout: float) -> object:
+            self.timeouts.append(timeout)
+            raise DeadlineExceeded("nothing came")
+
+    client = Client()
+    response = ShortPulls(client).pull(subscription="s", max_messages=10, timeout=30)
+    assert list(response.received_messages) == [] and client.timeouts == [PULL_S]
+    assert ShortPulls(client).timeouts is client.timeouts  # the rest is the client's
