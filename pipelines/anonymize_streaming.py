@@ -43,7 +43,6 @@ all.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import os
 import re
 import time
@@ -776,7 +775,7 @@ class WriteWindows(beam.DoFn):
         # From nothing: what an attempt killed mid-window left is not part of this one.
         for leftover in (night.staging, rejected.staging):
             storage.remove_folder(leftover)
-        if job.block_hashes:  # a window's block hashes as FOLDER/window-*/, beside its output's
+        if job.block_hashes:  # a window's block hashes as FOLDER/KEY-window-*/, naming its output
             night = dataclasses.replace(
                 night, block_hashes=storage.join(job.block_hashes, self._config.run_name(plan.name))
             )
@@ -887,12 +886,8 @@ def check_new_stream(output: str, dead_letter: str) -> None:
     parent = os.path.dirname(output.rstrip("/"))
     if not storage.is_url(output) and not os.path.isdir(parent):
         return  # a new place: no stream of it has written anything
-    key = _output_key(output)
-    if any(
-        fnmatch.fnmatchcase(name, pattern)
-        for name in storage.files_in(dead_letter)
-        for pattern in (f"rejected-{key}-*.jsonl", f"run-counts-{key}.json")
-    ):
+    key = _output_key(output)  # StreamingConfig.stream_key's: every file it names bears it
+    if any(key in name for name in storage.files_in(dead_letter)):
         raise ConfigError(
             f"--dead-letter {dead_letter} holds the letters of an earlier stream of "
             f"--output {output} (named by it, as a new stream's would be); a new stream "
