@@ -31,7 +31,7 @@ from kvtrace.pipelines.processes import STOP_SIGNALS
 # A drain outlasting this (a pull the emulator holds, a window slow to write) is stopped as a
 # second signal would stop it.
 DRAIN_S = 60.0
-PULL_S = 2.0  # the longest a pull waits for messages
+PAUSE_S = 0.5  # between pulls that found nothing
 # Set by a stop: the local Pub/Sub read ends at its next bundle (one stream per process).
 DRAINING = threading.Event()
 
@@ -39,7 +39,7 @@ DRAINING = threading.Event()
 class DrainingPubSubRead(_PubSubReadEvaluator):
     """Beam's DirectRunner Pub/Sub read, which ends (no more pulls, its watermark the end of
     time) once DRAINING is set; the messages it pulled before go on downstream first. Its pulls
-    wait PULL_S at most for messages, so that a stop is heard soon."""
+    never wait long for messages (ShortPulls), so that a stop is heard soon."""
 
     def finish_bundle(self) -> TransformResult:
         if not DRAINING.is_set():
@@ -52,21 +52,19 @@ class DrainingPubSubRead(_PubSubReadEvaluator):
 
 
 class ShortPulls:
-    """A subscriber client whose pulls wait PULL_S at most: Beam's wait 30 s, which the emulator
-    (and Pub/Sub, polling long) holds to its end when no message comes, and a drain waited for
-    it. A pull cut short acknowledged nothing: what it was handed comes back."""
+    """A subscriber client whose pulls return at once, pausing PAUSE_S (or until a drain) when
+    nothing came: Beam's wait 30 s, which the emulator (and Pub/Sub, polling long) holds to its
+    end when no message comes, and a drain waited for it. A pull is never cut short by its
+    deadline, which would leave what the server handed it to come back 10 s later (late)."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
 
     def pull(self, **request: Any) -> Any:
-        from google.api_core.exceptions import DeadlineExceeded
-        from google.pubsub_v1.types import PullResponse
-
-        try:
-            return self._client.pull(**{**request, "timeout": PULL_S})
-        except DeadlineExceeded:
-            return PullResponse()
+        response = self._client.pull(**{**request, "return_immediately": True})
+        if not response.received_messages:
+            DRAINING.wait(PAUSE_S)
+        return response
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)

@@ -51,20 +51,28 @@ def test_a_stream_not_stopped_gives_the_signals_back_untouched():
 
 
 @pytest.mark.beam
-def test_pulls_wait_briefly_and_one_cut_short_is_an_empty_pull():
-    from google.api_core.exceptions import DeadlineExceeded
+def test_pulls_return_at_once_and_a_drain_ends_the_pause_after_an_empty_one():
+    from google.pubsub_v1.types import PullResponse, ReceivedMessage
 
-    from kvtrace.pipelines.stream_drain import PULL_S, ShortPulls
+    from kvtrace.pipelines.stream_drain import DRAINING, ShortPulls
 
     class Client:
-        def __init__(self) -> None:
-            self.timeouts: list[float] = []
+        def __init__(self, responses: list[PullResponse]) -> None:
+            self.requests: list[dict] = []
+            self.responses = responses
 
-        def pull(self, subscription: str, max_messages: int, timeout: float) -> object:
-            self.timeouts.append(timeout)
-            raise DeadlineExceeded("nothing came")
+        def pull(self, **request: object) -> PullResponse:
+            self.requests.append(request)
+            return self.responses.pop(0)
 
-    client = Client()
-    response = ShortPulls(client).pull(subscription="s", max_messages=10, timeout=30)
-    assert list(response.received_messages) == [] and client.timeouts == [PULL_S]
-    assert ShortPulls(client).timeouts is client.timeouts  # the rest is the client's
+    some = PullResponse(received_messages=[ReceivedMessage(ack_id="a")])
+    client = Client([some, PullResponse()])
+    pulls = ShortPulls(client)
+    assert pulls.pull(subscription="s", max_messages=10, timeout=30) is some
+    DRAINING.set()  # the pause ends with a drain: none here, then
+    try:
+        assert list(pulls.pull(subscription="s", max_messages=10).received_messages) == []
+    finally:
+        DRAINING.clear()
+    assert [r["return_immediately"] for r in client.requests] == [True, True]
+    assert pulls.responses == []  # the rest is the client's
