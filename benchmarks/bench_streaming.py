@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 from kvtrace.transforms.trace_format import window_name
-from kvtrace.transforms.write.manifest import read_run_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "kvtrace-bench"
@@ -116,9 +115,10 @@ def cumulative(output: Path) -> dict:
 def run_counts(output: Path) -> dict:
     """The stream's own counts (read, exported, rejected), beside its dead letters (the CLI's
     default DIR-rejected): cumulative.json publishes only what the rows prove."""
-    try:
-        return read_run_counts(f"{output}-rejected")
-    except (FileNotFoundError, ValueError):
+    try:  # its one run-counts-KEY.json (named by the stream's output)
+        (path,) = Path(f"{output}-rejected").glob("run-counts-*.json")
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):  # none yet, or being replaced
         return {}
 
 

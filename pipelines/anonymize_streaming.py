@@ -17,7 +17,8 @@ first-seen order within and across windows), and it is numbered and published, w
 own folder by the night's end every engine runs (anonymize_night.night_requests, then
 publish_night once its ids are back), named by its place among the
 published windows (window-000000, ...: no absolute time leaves), its dead letters published with
-it as a run of the batch job's protocol (publish.DeadLetterRun: rejected-window-000000.jsonl).
+it as a run of the batch job's protocol (publish.DeadLetterRun: rejected-KEY-window-000000.jsonl,
+KEY the output's, so streams of other outputs share a dead-letter folder).
 A runner restored from a checkpoint restores that state with the source's offsets: it publishes
 again, byte for byte, a window it had published after the checkpoint (cut from the same zero),
 and ids go on from the checkpoint's. With nothing late, the windows concatenated are the batch
@@ -27,10 +28,11 @@ go out in time order. Once the zero is fixed, a request of the other kind of tim
 date after a relative zero, or the reverse) is a dead letter (the batch job's rule). Records
 that never became requests (bad JSON, ...) are dead letters of the next window published, or,
 after LETTER_DELAY_S without one (or at the stream's end), published with the cumulative.json
-written then (rejected-letters-000001.jsonl). cumulative.json publishes only what the windows'
+written then (rejected-KEY-letters-000001.jsonl). cumulative.json publishes only what the windows'
 rows prove; what was read and rejected is the operator's, in run-counts.json beside the dead
 letters (as a batch run's). Clock resets are judged as batch judges them,
-against the stream's whole input so far, and never move its clock.
+against the stream's whole input so far, and never move its clock; nor does a lone request more
+than a window ahead of the rest until a second one witnesses it (Progress.latest_ms).
 
 Windows are cut and judged in one key (PublishWindows, the controller) and written in one
 (WriteWindows), in order; the id map is in (kind, shard) keys, none holding all of it, and no
@@ -41,12 +43,12 @@ all.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import os
 import re
 import time
 import typing
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -75,7 +77,8 @@ from kvtrace.pipelines.anonymize_night import (
     publish_night,
     write_dead_letters,
 )
-from kvtrace.pipelines.runner import pipeline_options, run
+from kvtrace.pipelines.runner import is_remote, pipeline_options, run
+from kvtrace.pipelines.stream_drain import drained_on_stop
 from kvtrace.transforms import storage
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter, shown_name
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
@@ -91,10 +94,15 @@ from kvtrace.transforms.ids.id_shards import DEFAULT_ID_SHARDS, placed, window_p
 from kvtrace.transforms.ids.steps import QUERY, NumberNew, SeenShard, ShardStore
 from kvtrace.transforms.read.steps import parse_records
 from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
-from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
+from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, parse_json, window_name
 from kvtrace.transforms.write.coarsen import Coarsening, published_requests, round_to
 from kvtrace.transforms.write.manifest import RUN_COUNTS, set_content_times
-from kvtrace.transforms.write.publish import DeadLetterRun, check_inherited, make_staging
+from kvtrace.transforms.write.publish import (
+    DeadLetterRun,
+    check_inherited,
+    make_staging,
+    output_key,
+)
 from kvtrace.transforms.write.shards import block_hashes_staging
 
 LATE = "late"
@@ -206,6 +214,22 @@ class StreamingConfig:
     allowed_lateness_ms: int = 0
     idle_ms: int = IDLE_MS
     id_shards: int = DEFAULT_ID_SHARDS  # keys holding the id map: never changes a byte
+    # Names the stream's files in folders streams may share (dead letters, block hashes) as a
+    # batch run's letters are named, by its output (publish.output_key): fixed at launch
+    # (run_streaming), so a restored runner names a window's files again the same.
+    key: str = ""
+
+    def stream_key(self) -> str:
+        return self.key or output_key(self.job.output)
+
+    def run_name(self, name: str) -> str:
+        """A window's or letters run's name in a shared folder: no two streams' alike."""
+        return f"{self.stream_key()}-{name}"
+
+    def run_counts(self) -> str:
+        """The stream's run counts (RUN_COUNTS, named by its output) in its dead-letter folder."""
+        stem, suffix = os.path.splitext(RUN_COUNTS)
+        return storage.join(self.job.dead_letter, f"{stem}-{self.stream_key()}{suffix}")
 
     def deadline_ms(self, window_start_ms: int) -> int:
         """When a window is published: the watermark past its end plus the allowed lateness."""
@@ -278,23 +302,35 @@ class Progress:
             held, latest = days.get(day, (0, int(on_day.max())))
             days[day] = (held + len(on_day), max(latest, int(on_day.max())))
 
-    def latest_ms(self) -> int | None:
+    def latest_ms(self, config: StreamingConfig) -> int | None:
         """The stream's clock: its latest request within the bulk of its input so far (the batch
         job's rule, plausible_days), so a clock reset, a dead letter once judged, never moves
-        it, whether it came alone or with others, before or after the bulk."""
+        it, whether it came alone or with others, before or after the bulk. Nor does a request
+        more than a window and the allowed lateness ahead of the rest, alone in its window (a
+        producer's clock hours off, within the bulk's days): it waits for a second witness (a
+        request beside it in its window, or a later one), kept in its window meanwhile."""
         waiting = [
             {day: held for day, (held, _) in days.items()} for days in self.open_days.values()
         ]
         first, last = plausible_days(sum_kind_counts([self.published_days] + waiting))
-        kept = [
-            latest
-            for days in self.open_days.values()
-            for day, (_, latest) in days.items()
-            if first <= day <= last
-        ]
+        windows = sorted(
+            (max(latest for _, latest in kept), sum(held for held, _ in kept))
+            for kept in (
+                [(held, latest) for day, (held, latest) in days.items() if first <= day <= last]
+                for days in self.open_days.values()
+            )
+            if kept
+        )
+        rest = [latest for latest, _ in windows[:-1]]
         if self.published_latest_ms is not None:
-            kept.append(self.published_latest_ms)
-        return max(kept, default=None)
+            rest.append(self.published_latest_ms)
+        clock = max(rest, default=None)
+        if windows:
+            top, held = windows[-1]
+            ahead = config.window_ms + config.allowed_lateness_ms
+            if clock is None or held > 1 or top - clock <= ahead:
+                clock = top if clock is None else max(clock, top)
+        return clock
 
     def saw(
         self, config: StreamingConfig, window: int, timestamps: np.ndarray | int, now_ms: int
@@ -310,7 +346,7 @@ class Progress:
     def clock_moved(self, config: StreamingConfig, now_ms: int) -> None:
         """The open windows' deadlines against the stream's clock: passed from now_ms on, or no
         longer passed when the clock went back (the bulk moved off a stray clock's days)."""
-        latest = self.latest_ms()
+        latest = self.latest_ms(config)
         for window, passed in self.passed_ms.items():
             if latest is None or config.deadline_ms(window) > latest:
                 self.passed_ms[window] = None
@@ -332,7 +368,7 @@ class Progress:
         """The open windows due at watermark_ms, oldest first, with every older open window:
         windows go out in time order, so once one is published an older one's requests are
         late (and said so), never a window of their own after it."""
-        latest = self.latest_ms()
+        latest = self.latest_ms(config)
         due = [w for w in self.passed_ms if self.due_ms(config, w, latest) <= watermark_ms]
         return sorted(w for w in self.passed_ms if due and w <= max(due))
 
@@ -340,7 +376,7 @@ class Progress:
         """Each open window's due time (source's watermark), a timer each: a watermark past
         several fires them all in one advance, none waiting for an earlier one's firing to
         set it (a round trip through the runner per window: 1.5 s apart on Flink)."""
-        latest = self.latest_ms()
+        latest = self.latest_ms(config)
         return {w: self.due_ms(config, w, latest) for w in self.passed_ms}
 
     def recut(
@@ -729,9 +765,10 @@ class WriteWindows(beam.DoFn):
         attempt: a retried or restored one starts again from nothing."""
         job = self._config.job
         output = storage.join(job.output, plan.name)
-        # The window's letters are a run of the batch job's protocol, named by the window: a
-        # window published again after a restart replaces its letters as it replaces its folder.
-        rejected = DeadLetterRun(job.dead_letter, output, plan.name)
+        # The window's letters are a run of the batch job's protocol, named by the stream and
+        # the window: a window published again after a restart replaces its letters as it
+        # replaces its folder, another stream's never.
+        rejected = DeadLetterRun(job.dead_letter, output, self._config.run_name(plan.name))
         night = dataclasses.replace(
             job,
             inputs=(),
@@ -743,9 +780,9 @@ class WriteWindows(beam.DoFn):
         # From nothing: what an attempt killed mid-window left is not part of this one.
         for leftover in (night.staging, rejected.staging):
             storage.remove_folder(leftover)
-        if job.block_hashes:  # a window's block hashes as FOLDER/window-*/, beside its output's
+        if job.block_hashes:  # a window's block hashes as FOLDER/KEY-window-*/, naming its output
             night = dataclasses.replace(
-                night, block_hashes=storage.join(job.block_hashes, plan.name)
+                night, block_hashes=storage.join(job.block_hashes, self._config.run_name(plan.name))
             )
             storage.remove_folder(block_hashes_staging(night.block_hashes, night.staging))
         make_staging(night.staging)
@@ -814,7 +851,7 @@ def write_cumulative(
         storage.rename(temporary, output)
     else:
         run_name, dead_letters = letters
-        rejected = DeadLetterRun(config.job.dead_letter, output, run_name)
+        rejected = DeadLetterRun(config.job.dead_letter, output, config.run_name(run_name))
         storage.remove_folder(rejected.staging)  # an attempt killed mid-way: not part of this one
         rejected.begin(temporary)  # the rename keeps the file's identity
         write_dead_letters(rejected.staging, dead_letters)
@@ -823,11 +860,7 @@ def write_cumulative(
     # The folder's times, as a night folder's: derived from its content, never the clock's.
     set_content_times(config.job.output)
     # Last: once it counts a record, the window or letters holding it are published.
-    _replace(
-        storage.join(config.job.dead_letter, RUN_COUNTS),
-        canonical_json(stream_run_counts(progress)),
-        private=True,
-    )
+    _replace(config.run_counts(), canonical_json(stream_run_counts(progress)), private=True)
 
 
 def _replace(path: str, content: bytes, private: bool) -> None:
@@ -840,33 +873,76 @@ def _replace(path: str, content: bytes, private: bool) -> None:
 
 
 def check_new_stream(output: str, dead_letter: str) -> None:
-    """A stream's ids live in its runner's state: a second stream into the same folder would
-    number from 0 again beside the first one's windows (a restarted job restores its state and
-    goes on; it is not launched again). Its letters are named by its windows, so a second
-    stream's would replace the first one's in a shared dead-letter folder."""
+    """A stream starts in a new or empty --output: its ids live in its runner's state, so a
+    second stream into a stream's folder would number from 0 again beside the first one's
+    windows (a restarted job restores its state and goes on; it is not launched again), and
+    its windows beside a night's would read as one trace. Its letters and run counts are named
+    by its output (StreamingConfig.key), so only an earlier stream of this same output (its
+    folder since emptied) could have left files the new one would replace."""
     if storage.exists(storage.join(output, STREAM_TOTALS)):
         raise ConfigError(
             f"--output {output} holds a stream already (cumulative.json): its ids "
             "continue only in its own job; a new stream needs a new --output"
         )
-    if storage.exists(storage.join(dead_letter, RUN_COUNTS)) or any(
-        fnmatch.fnmatchcase(name, f"rejected-{run}-*.jsonl")
-        for name in storage.files_in(dead_letter)
-        for run in ("window", "letters")
-    ):
+    if _holds_anything(output):
         raise ConfigError(
-            f"--dead-letter {dead_letter} holds a stream's letters already (named by "
-            "its windows, as a new stream's would be); a new stream needs its own"
+            f"--output {output} is not empty: a stream starts in a new or empty folder"
+        )
+    parent = os.path.dirname(output.rstrip("/"))
+    if not storage.is_url(output) and not os.path.isdir(parent):
+        return  # a new place: no stream of it has written anything
+    key = output_key(output)  # StreamingConfig.stream_key's: every file it names bears it
+    if any(key in name for name in storage.files_in(dead_letter)):
+        raise ConfigError(
+            f"--dead-letter {dead_letter} holds the letters of an earlier stream of "
+            f"--output {output} (named by it, as a new stream's would be); a new stream "
+            "needs a new --output or its own --dead-letter"
         )
 
 
-def run_streaming(config: StreamingConfig, flags: list[str]) -> None:
-    """Run until the runner stops the stream (a drain publishes every window still open)."""
+def _holds_anything(folder: str) -> bool:
+    if storage.is_url(folder):
+        return bool(storage.files_in(folder, nested=True))
+    try:
+        return bool(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):  # new, or not a folder (refused later)
+        return False
+
+
+class Stopped(NamedTuple):
+    """A local stream stopped, drained: the stop's signal and the windows it published."""
+
+    signum: int
+    windows: int
+    counts: str  # where its run counts are
+
+
+def run_streaming(config: StreamingConfig, flags: list[str]) -> Stopped | None:
+    """Run until the runner stops the stream (a drain publishes every window still open); on
+    the local DirectRunner a stop drains it (stream_drain), said in what this returns."""
     options = pipeline_options(flags)
     options.view_as(StandardOptions).streaming = True
     check_new_stream(config.job.output, config.job.dead_letter)
     make_stream_folder(config.job.output)
-    run(lambda pipeline: build(pipeline | "Read" >> read_source(config.source), config), options)
+    config = dataclasses.replace(config, key=config.stream_key())
+    local = not is_remote(options) and PUBSUB.fullmatch(config.source)
+    with drained_on_stop(lambda: published_windows(config)) if local else nullcontext() as drain:
+        run(
+            lambda pipeline: build(pipeline | "Read" >> read_source(config.source), config), options
+        )
+    if drain is None or drain.signum is None:
+        return None
+    windows = published_windows(config) - drain.published_at_stop
+    return Stopped(drain.signum, windows, config.run_counts())
+
+
+def published_windows(config: StreamingConfig) -> int:
+    """The windows the stream's cumulative.json counts (0 before its first)."""
+    path = storage.join(config.job.output, STREAM_TOTALS)
+    if not storage.exists(path):
+        return 0
+    with storage.open_read(path) as handle:
+        return int(parse_json(handle.read())["windows"])
 
 
 def make_stream_folder(output: str) -> None:

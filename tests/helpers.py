@@ -461,13 +461,18 @@ def stream_request(i: int, total: int) -> dict:
     }
 
 
+def stream_counts(dead_letter: str | Path) -> dict[str, int]:
+    """A stream's run counts: its one run-counts-KEY.json (named by its output, as its letters
+    are) in its dead-letter folder; ValueError when there is none."""
+    (path,) = Path(dead_letter).glob("run-counts-*.json")
+    return json.loads(path.read_text())
+
+
 def stream_accounted(output: Path) -> int:
     """Requests a stream has published or dead-lettered so far: its run counts, the operator's,
     beside its dead letters (the CLI's default DIR-rejected), never in the published folder."""
-    from kvtrace.transforms.write.manifest import read_run_counts
-
     try:
-        counts = read_run_counts(f"{output}-rejected")
+        counts = stream_counts(f"{output}-rejected")
     except (FileNotFoundError, ValueError):  # not yet written
         return 0
     assert counts["read"] == counts["exported"] + counts["rejected"], counts  # nothing lost
@@ -662,18 +667,18 @@ def check_letters_published_by_the_protocol(config: StreamingConfig) -> set[str]
     one owner-only file per run, named by a published window (or by the cumulative.json
     written with lone letters), and the stream's run counts, nothing staged left; the runs'
     names."""
-    from kvtrace.transforms.write.manifest import RUN_COUNTS
-
     folder = Path(config.job.dead_letter)
+    counts = Path(config.run_counts())
     windows = {p.name for p in Path(config.job.output).iterdir() if p.is_dir()}
     runs = set()
-    assert (folder / RUN_COUNTS).stat().st_mode & 0o077 == 0
-    for entry in set(folder.iterdir()) - {folder / RUN_COUNTS}:
-        assert (
-            entry.is_file() and entry.name.startswith("rejected-") and entry.name.endswith(".jsonl")
-        ), entry.name  # no staging folder left behind
+    assert counts.stat().st_mode & 0o077 == 0
+    for entry in set(folder.iterdir()) - {counts}:
+        named = f"rejected-{config.stream_key()}-"  # named by the stream's output
+        assert entry.is_file() and entry.name.startswith(named) and entry.name.endswith(".jsonl"), (
+            entry.name
+        )  # no staging folder left behind
         assert entry.stat().st_mode & 0o077 == 0  # private, as the batch job's letters
-        runs.add(entry.name[len("rejected-") : -len(".jsonl")])
+        runs.add(entry.name[len(named) : -len(".jsonl")])
     assert {run for run in runs if not run.startswith("letters-")} <= windows
     return runs
 

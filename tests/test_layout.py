@@ -50,7 +50,7 @@ STAGES = (
 # Beam drivers: they build, run or serve pipelines. Every other module is pure of Beam, so that
 # the local engine and the CLI's checks never import it.
 BEAM_DRIVERS = re.compile(
-    r"kvtrace\.pipelines\.(\w+_beam|anonymize_streaming|worker_pool|runner)|"
+    r"kvtrace\.pipelines\.(\w+_beam|anonymize_streaming|stream_drain|worker_pool|runner)|"
     r"kvtrace\.transforms(\.\w+)?\.steps"
 )
 # What a pure module may import of Beam, inside the function that needs it and only then:

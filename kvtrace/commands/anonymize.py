@@ -632,6 +632,10 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     dead_letter = folded(options.get("dead_letter") or f"{output}-rejected")
     hashes = options.get("emit_block_hashes")
     stream = _stream_source(options)
+    if stream:  # first: a stream's folder is refused for what it holds, not as foreign files
+        from kvtrace.pipelines.anonymize_streaming import check_new_stream
+
+        check_new_stream(output, dead_letter)
     # `-` is standard input wherever the input list came from (flags or a --config file); it is
     # read only once every check that needs none of it has passed (_with_inputs).
     files = [] if stream else expand_inputs([p for p in options["input"] if p != STANDARD_INPUT])
@@ -738,8 +742,11 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                         f"the windows published so far stay in {output}/window-*/,"
                         f" no other"
                     )  # what the CLI says if the stream is stopped
-                    _run_streaming(config, stream, flags)
-                    return 0
+                    stopped = _run_streaming(config, stream, flags)
+                    if stopped is None:
+                        return 0
+                    print(_drained(stopped.windows, output, stopped.counts), file=sys.stderr)
+                    return 128 + stopped.signum
                 finally:
                     storage.remove_folder(config.staging)
             with _with_inputs(config, files, stdin) as config:
@@ -862,7 +869,16 @@ def _stream_source(options: dict[str, Any]) -> tuple[str, int, int, int] | None:
     return check_source(options["input"][0]), window, lateness, shards
 
 
-def _run_streaming(config: Any, stream: tuple[str, int, int, int], flags: list[str]) -> None:
+def _drained(windows: int, output: str, counts: str) -> str:
+    """A stopped local stream's line: its drain published what it had read."""
+    return (
+        f"stopped: drained, the stop published the {windows} window(s) still open in "
+        f"{output}/window-*/ and the letters waiting; counts in {counts}; "
+        "messages not yet read stay on the subscription"
+    )
+
+
+def _run_streaming(config: Any, stream: tuple[str, int, int, int], flags: list[str]) -> Any:
     from kvtrace.pipelines.anonymize_streaming import StreamingConfig, run_streaming
 
     source, window, lateness, shards = stream
@@ -875,7 +891,7 @@ def _run_streaming(config: Any, stream: tuple[str, int, int, int], flags: list[s
         lateness // 1000,
         shards,
     )
-    run_streaming(StreamingConfig(config, source, window, lateness, id_shards=shards), flags)
+    return run_streaming(StreamingConfig(config, source, window, lateness, id_shards=shards), flags)
 
 
 def _engine(options: dict[str, Any], flags: BeamFlags) -> str:

@@ -24,10 +24,10 @@ from helpers import (
     free_ports,
     run_stream_until_accounted,
     running_stream,
+    stream_counts,
     stream_request,
 )
 from kvtrace.cli import main
-from kvtrace.transforms.write.manifest import read_run_counts
 from tiny_tokenizer import CORPUS
 
 pytestmark = ON_FLINK
@@ -192,7 +192,7 @@ def test_taskmanagers_killed_again_and_again_every_request_once_ids_continue(
     finally:
         cancel_running_jobs()
     cumulative = json.loads((tmp_path / "stream" / "cumulative.json").read_text())
-    counts = read_run_counts(str(tmp_path / "stream-rejected"))  # the operator's, not published
+    counts = stream_counts(tmp_path / "stream-rejected")  # the operator's, not published
     assert cumulative["rows"] == counts["exported"] == counts["read"] == LARGE_REQUESTS
     assert counts["rejected"] == 0 and "rejected" not in cumulative
     assert dead_letters(tmp_path) == []

@@ -336,7 +336,7 @@ def test_letters_after_the_last_window_are_not_lost_when_the_stream_ends(
         for p in (tmp_path / "stream-rejected").rglob("rejected-*.jsonl")
         for line in p.read_text().splitlines()
     ]
-    from kvtrace.transforms.write.manifest import read_run_counts
+    from helpers import stream_counts
 
-    counts = read_run_counts(str(tmp_path / "stream-rejected"))  # the operator's, not published
+    counts = stream_counts(tmp_path / "stream-rejected")  # the operator's, not published
     assert (cumulative["rows"], counts["rejected"], len(letters)) == (3, 2, 2), (cumulative, counts)

@@ -408,7 +408,7 @@ sys.exit(main(sys.argv[1:]))
 def test_a_published_runs_letters_survive_a_rerun_through_a_second_mount(tiny_tokenizer, tmp_path):
     """A run killed after its output is published leaves its letters staged as
     DEAD/.KEY.kvtrace-staging-RUN, KEY the sha256 of os.path.realpath(output) (publish.
-    _output_key): a spelling. The next run of that output, named through a second mount of its
+    output_key): a spelling. The next run of that output, named through a second mount of its
     folder (a bind mount, a container's volume), reads the run's mark on the output, looks for
     the letters under its own KEY, finds none, and takes the mark off: the published night's
     rejected records are never published, and no later run can find them (recover_letters
@@ -467,7 +467,7 @@ def test_a_published_runs_letters_survive_a_rerun_through_a_second_mount(tiny_to
 @pytest.mark.parametrize("flag", ["--output", "--id-map"])
 def test_a_location_whose_name_is_not_utf8_is_written(tiny_tokenizer, tmp_path, flag):
     """Linux names are bytes, and round 2 made inputs named so readable; the locations a run
-    writes are keyed by str.encode() of their path (publish._output_key for the output's
+    writes are keyed by str.encode() of their path (publish.output_key for the output's
     letters, anchor.mark_path for the id map's mark), which raises on the surrogate a non-UTF-8
     byte decodes to: `anonymize --output b'night\\xff'` stops with "error: 'utf-8' codec can't
     encode character '\\udcff' ...: surrogates not allowed" (exit 2, --id-map after making the

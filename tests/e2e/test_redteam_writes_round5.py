@@ -162,7 +162,7 @@ publish.publish_folder = _publish_then_die
 def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer, tmp_path, rerun):
     """The run's mark on its output (user.kvtrace.run: run id, letters folder) is an extended
     attribute, which a rename keeps, but the letters it points at are staged under
-    `.KEY.kvtrace-staging-RUN`, KEY = _output_key(output): the output's parent's identity and
+    `.KEY.kvtrace-staging-RUN`, KEY = output_key(output): the output's parent's identity and
     its *name*. A night killed after its swap (published, letters staged) and then moved
     (`mv X archive`, an ordinary step) has its letters found by no run: the next run of X
     sees no mark on X and removes its key's staged letters as a failed run's

@@ -21,12 +21,12 @@ from helpers import (
     message,
     run_stream,
     stream_chat,
+    stream_counts,
     streaming_config,
     write_jsonl,
 )
 from kvtrace.cli import main
 from kvtrace.transforms.stats.audit import audit
-from kvtrace.transforms.write.manifest import read_run_counts
 
 pytestmark = pytest.mark.beam  # imports Beam: its tests share one worker
 
@@ -77,7 +77,7 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
     assert sorted(letter["error"] for letter in rejected) == ["invalid_json", "late"]
     # The bad record came in while window 0 was open: its letter is published with it.
     runs = check_letters_published_by_the_protocol(config)
-    first = Path(config.job.dead_letter) / "rejected-window-000000.jsonl"
+    first = Path(config.job.dead_letter) / f"rejected-{config.run_name('window-000000')}.jsonl"
     assert [json.loads(line)["error"] for line in first.read_text().splitlines()] == [
         "invalid_json"
     ]
@@ -86,7 +86,7 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
     assert "window-000000" in runs
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
     assert cumulative["rows"] == 7 and cumulative["windows"] == 2 and "rejected" not in cumulative
-    assert read_run_counts(config.job.dead_letter) == {"read": 9, "exported": 7, "rejected": 2}
+    assert stream_counts(config.job.dead_letter) == {"read": 9, "exported": 7, "rejected": 2}
     assert cumulative["published_until_ms"] == 2 * MINUTE  # the trace's zero is at 0 here
 
     # The same records, less the late one, through the batch job.
@@ -159,8 +159,14 @@ def test_windows_are_cut_from_the_traces_zero_and_equal_batch(
     assert [line for w in windows for line in trace_lines(w)] == trace_lines(tmp_path / "batch")
 
 
-def published_files(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+def published_files(folder: Path, key: str = "\0") -> dict[str, bytes]:
+    """Each file's bytes by its name, a stream's key (its output's, naming its letters and
+    counts) taken out of names (no name holds the default)."""
+    return {
+        str(p.relative_to(folder)).replace(key, "KEY"): p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
 
 
 @pytest.mark.slow  # two streaming pipelines: ~20 s
@@ -190,7 +196,7 @@ def test_the_id_maps_shard_count_never_changes_a_byte(tiny_tokenizer, tmp_path, 
         run_stream(config, stream)
         outputs[shards] = (
             published_files(Path(config.job.output)),
-            published_files(Path(config.job.dead_letter)),
+            published_files(Path(config.job.dead_letter), config.stream_key()),
         )
     windows = sorted({name.split("/")[0] for name in outputs[1][0] if "/" in name})
     assert windows == ["window-000000", "window-000001", "window-000002"]

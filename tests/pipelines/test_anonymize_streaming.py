@@ -25,6 +25,7 @@ from helpers import (
     message,
     run_stream,
     stream_chat,
+    stream_counts,
     streaming_config,
 )
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
@@ -42,7 +43,6 @@ from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.timestamps import timestamp_kind
 from kvtrace.transforms.trace_format import window_name
 from kvtrace.transforms.write.coarsen import Coarsening, round_to
-from kvtrace.transforms.write.manifest import RUN_COUNTS, read_run_counts
 
 if TYPE_CHECKING:  # Beam is loaded by the tests that run it, not by collecting them
     from kvtrace.pipelines.anonymize_streaming import StreamingConfig
@@ -150,11 +150,37 @@ def test_a_clock_reset_never_moves_the_streams_clock(tmp_path):
     progress = Progress()
     progress.saw(config, 0, [10_000], NOW)
     progress.saw(config, RESET, [RESET + 1], NOW + 1)  # one against one: the reset is the bulk
-    assert (progress.latest_ms(), progress.passed_ms[0]) == (RESET + 1, NOW + 1)
+    assert (progress.latest_ms(config), progress.passed_ms[0]) == (RESET + 1, NOW + 1)
     progress.saw(config, 0, [20_000], NOW + 2)  # the bulk is the real requests again
-    assert (progress.latest_ms(), progress.passed_ms) == (20_000, {0: None, RESET: None})
+    assert (progress.latest_ms(config), progress.passed_ms) == (20_000, {0: None, RESET: None})
     progress.saw(config, MINUTE, [70_000], NOW + 3)  # a real request passes window 0's deadline
     assert progress.passed_ms[0] == NOW + 3 and progress.due(config, NOW + 3) == [0]
+
+
+@pytest.mark.beam
+def test_a_lone_request_far_ahead_moves_the_clock_only_with_a_second_witness(tmp_path):
+    """A request more than a window and the allowed lateness ahead of the rest, alone in its
+    window (a producer's clock hours off, within the bulk's days), passes no deadline until a
+    second request stands beside it or after it; it waits in its window meanwhile."""
+    from kvtrace.pipelines.anonymize_streaming import Progress
+
+    config = streaming_config(tmp_path, "x")
+    ahead = 9 * 3_600_000
+    progress = Progress()
+    progress.saw(config, 0, [10_000, 20_000], NOW)
+    progress.saw(config, ahead, [ahead + 1], NOW + 1)
+    assert (progress.latest_ms(config), progress.passed_ms) == (20_000, {0: None, ahead: None})
+    progress.saw(config, ahead, [ahead + 2], NOW + 2)  # a second witness
+    assert progress.latest_ms(config) == ahead + 2 and progress.passed_ms[0] == NOW + 2
+    later = Progress()
+    later.saw(config, 0, [10_000, 20_000], NOW)
+    later.saw(config, ahead, [ahead + 1], NOW + 1)
+    later.saw(config, ahead + 2 * MINUTE, [ahead + 2 * MINUTE], NOW + 2)  # one after it
+    assert later.latest_ms(config) == ahead + 1  # the first is witnessed, the second waits
+    near = Progress()
+    near.saw(config, 0, [10_000], NOW)
+    near.saw(config, MINUTE, [MINUTE + 1], NOW + 1)  # within a window of the clock: moves it
+    assert near.latest_ms(config) == MINUTE + 1 and near.passed_ms[0] == NOW + 1
 
 
 @pytest.mark.beam
@@ -168,7 +194,7 @@ def test_a_reset_arriving_alone_is_judged_with_what_the_stream_published(tmp_pat
     progress.saw(config, 0, [0, 10_000, 20_000], NOW)
     progress.publish(0)
     progress.saw(config, RESET, [RESET + 1], NOW + 1)
-    assert progress.latest_ms() == 20_000
+    assert progress.latest_ms(config) == 20_000
     kept, strays = keep_plausible_windows(
         [(RESET, requests_at(RESET + 1))], progress.published_days
     )
@@ -223,7 +249,7 @@ def test_hostile_messages_are_dead_letters_and_the_counts_add_up(
     good = [message(stream_chat(5_000, 1)), message(stream_chat(6_000, 2))]
     run_stream(config, TestStream().add_elements(HOSTILE + good).advance_watermark_to_infinity())
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
-    counts = read_run_counts(config.job.dead_letter)
+    counts = stream_counts(config.job.dead_letter)
     rejected = letters(Path(config.job.dead_letter))
     assert counts["read"] == counts["exported"] + counts["rejected"] == len(HOSTILE) + len(good)
     assert len(rejected) == counts["rejected"] and all(r["error"] for r in rejected)
@@ -398,22 +424,37 @@ def test_a_second_stream_into_a_streams_folder_is_refused(tmp_path):
     check_new_stream(str(output), str(dead))  # new folders: fine
     dead.mkdir()
     (dead / "rejected-0123456789ab.jsonl").write_text("")  # a batch run's letters: no clash
-    check_new_stream(str(output), str(dead))
     output.mkdir()
+    check_new_stream(str(output), str(dead))  # an empty folder: fine
     (output / "cumulative.json").write_text("{}")
     with pytest.raises(ConfigError, match="holds a stream already"):
         check_new_stream(str(output), str(dead))
 
 
 @pytest.mark.beam
-@pytest.mark.parametrize("run", ["window-000000", "letters-000001"])
-def test_a_second_stream_into_a_streams_dead_letters_is_refused(tmp_path, run):
-    """Its letters would take the first stream's names and replace them."""
+def test_a_stream_into_a_folder_holding_anything_is_refused(tmp_path):
+    """A night's folder, say: the stream's windows beside it would read as one trace."""
     from kvtrace.pipelines.anonymize_streaming import check_new_stream
 
-    (tmp_path / f"rejected-{run}.jsonl").write_text("")
-    with pytest.raises(ConfigError, match="holds a stream's letters already"):
-        check_new_stream(str(tmp_path / "other-stream"), str(tmp_path))
+    (tmp_path / "night" / "trace").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="is not empty"):
+        check_new_stream(str(tmp_path / "night"), str(tmp_path / "night-rejected"))
+
+
+@pytest.mark.beam
+@pytest.mark.parametrize("run", ["window-000000", "letters-000001"])
+def test_streams_of_other_outputs_share_a_dead_letter_folder_the_same_outputs_do_not(tmp_path, run):
+    """Letters are named by their stream's output: another output's never clash; an earlier
+    stream's of this same output (its folder emptied since) would be replaced."""
+    from kvtrace.pipelines.anonymize_streaming import check_new_stream
+
+    dead = tmp_path / "rejected"
+    dead.mkdir()
+    earlier = streaming_config(tmp_path, "x")
+    (dead / f"rejected-{earlier.run_name(run)}.jsonl").write_text("")
+    check_new_stream(str(tmp_path / "other-stream"), str(dead))
+    with pytest.raises(ConfigError, match="letters of an earlier stream"):
+        check_new_stream(earlier.job.output, str(dead))
 
 
 @settings(max_examples=200, deadline=None)
@@ -475,23 +516,28 @@ def test_lone_letters_are_published_with_the_cumulative_json_and_counted_private
     progress = Progress(letter_batches=1, rejected=1)
     write_cumulative(config, progress, ("letters-000001", [letter]))
     dead = Path(config.job.dead_letter)
-    assert sorted(p.name for p in dead.iterdir()) == ["rejected-letters-000001.jsonl", RUN_COUNTS]
+    counts = Path(config.run_counts())
+    assert sorted(p.name for p in dead.iterdir()) == sorted(
+        [f"rejected-{config.stream_key()}-letters-000001.jsonl", counts.name]
+    )
     assert letters(dead) == [json.loads(letter.to_json())]
-    assert read_run_counts(str(dead))["rejected"] == len(letters(dead)) == 1
-    assert (dead / RUN_COUNTS).stat().st_mode & 0o077 == 0  # the operator's, as a batch run's
+    assert stream_counts(dead)["rejected"] == len(letters(dead)) == 1
+    assert counts.stat().st_mode & 0o077 == 0  # the operator's, as a batch run's
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
     assert "rejected" not in cumulative
     assert sorted(p.name for p in Path(config.job.output).iterdir()) == ["cumulative.json"]
 
 
 @pytest.mark.beam
-def test_a_second_stream_into_a_streams_run_counts_is_refused(tmp_path):
-    """It would replace the first stream's counts."""
+def test_a_new_stream_of_an_output_is_refused_its_earlier_streams_run_counts(tmp_path):
+    """It would replace them."""
     from kvtrace.pipelines.anonymize_streaming import check_new_stream
 
-    (tmp_path / RUN_COUNTS).write_text("{}")
-    with pytest.raises(ConfigError, match="holds a stream's letters already"):
-        check_new_stream(str(tmp_path / "other-stream"), str(tmp_path))
+    earlier = streaming_config(tmp_path, "x")
+    Path(earlier.job.dead_letter).mkdir()
+    Path(earlier.run_counts()).write_text("{}")
+    with pytest.raises(ConfigError, match="letters of an earlier stream"):
+        check_new_stream(earlier.job.output, earlier.job.dead_letter)
 
 
 @pytest.mark.beam
@@ -574,9 +620,10 @@ def test_one_watermark_advance_publishes_every_due_window(tmp_path, monkeypatch)
     pending, progress, letters_due, end = FakeBag(), FakeBag(), FakeTimers(), FakeTimers()
     deadline = FakeTimers()
     state = {"pending": pending, "progress_state": progress, "deadline": deadline}
-    for n, event_ms in enumerate([0, MINUTE + 1, 2 * MINUTE + 2, 3 * MINUTE + 3]):
+    # The last two: a request more than a window ahead of the rest, alone, moves no clock.
+    for n, times in enumerate([[0], [MINUTE + 1], [2 * MINUTE + 2], [3 * MINUTE + 3] * 2]):
         monkeypatch.setattr(anonymize_streaming, "source_now_ms", lambda n=n: NOW + n)
-        publisher.process((0, requests_at(event_ms)), letters_due=letters_due, end=end, **state)
+        publisher.process((0, requests_at(*times)), letters_due=letters_due, end=end, **state)
     watermark_us = (NOW + 10) * 1000
     firing = sorted((at, tag) for tag, at in deadline.set_at.items() if at <= watermark_us)
     for at, _ in firing:  # the timers set when the advance began, none set while they fire

@@ -1,5 +1,6 @@
-"""A stream's block hashes: each window's published as HASHES/window-*/ right after the window's
-trace (OUT/window-*/), naming it, never one folder that every window overwrites."""
+"""A stream's block hashes: each window's published as HASHES/KEY-window-*/ (KEY: the stream's
+output's, as its letters are named) right after the window's trace (OUT/window-*/), naming it,
+never one folder that every window overwrites."""
 
 from __future__ import annotations
 
@@ -73,13 +74,14 @@ def test_each_windows_hashes_are_published_beside_it_and_name_it(
         build(pipeline | stream, config)
     windows = sorted(p.name for p in output.iterdir() if p.is_dir())
     assert len(windows) == 2
-    assert sorted(p.name for p in hashes.iterdir()) == windows  # no leftover staging either
+    # Named by the stream's output and the window, as its letters are: no leftover staging.
+    assert sorted(p.name for p in hashes.iterdir()) == [config.run_name(w) for w in windows]
     for window in windows:
-        assert sorted(p.name for p in (hashes / window).iterdir()) == [
+        assert sorted(p.name for p in (hashes / config.run_name(window)).iterdir()) == [
             "block-hashes-00000-of-00001.parquet",
             BLOCK_HASHES_OUTPUT,
         ]
-        digest, name = (hashes / window / BLOCK_HASHES_OUTPUT).read_text().split()
+        digest, name = (hashes / config.run_name(window) / BLOCK_HASHES_OUTPUT).read_text().split()
         assert hashlib.sha256((output / window / name).read_bytes()).hexdigest() == digest
     assert not list(tmp_path.rglob(f"*{STAGING_MARK}*"))
     for path in (hashes, *hashes.rglob("*")):

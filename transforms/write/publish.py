@@ -1412,7 +1412,7 @@ class DeadLetterRun:
                 pointer,
                 {
                     "folder": identity,
-                    "key": _output_key(self.output),
+                    "key": output_key(self.output),
                     "letters": place(self.folder),
                     "run": self.run_id,
                 },
@@ -1464,7 +1464,7 @@ class DeadLetterRun:
 
 def _letters_staging(folder: str, output: str, run_id: str) -> str:
     """Where a run of output stages its letters in the dead-letter folder."""
-    return storage.join(folder, f".{_output_key(output)}{STAGING_MARK}{run_id}")
+    return storage.join(folder, f".{output_key(output)}{STAGING_MARK}{run_id}")
 
 
 # The suffix of a run's pointer to its letters, beside the folder it stages (DeadLetterRun).
@@ -1510,7 +1510,7 @@ def _write_pointer(pointer: str, pointed: dict[str, object]) -> None:
 def _read_pointer(pointer: str) -> tuple[str, str, str, list[int]] | None:
     """The run id, dead-letter folder place, letters' key and staged folder's identity a
     pointer names (None: no pointer, or none kvtrace writes: another user's or not a plain
-    file, a run id that is a path, a place that is relative, a key not of _output_key's
+    file, a run id that is a path, a place that is relative, a key not of output_key's
     form)."""
     try:
         if os.lstat(pointer).st_uid != os.geteuid():
@@ -1610,7 +1610,7 @@ def recover_letters(folder: str, output: str) -> list[str]:
     them. Returns the run ids whose letters or measured file were published."""
     if is_url(folder) or not os.path.isdir(folder):
         return []
-    here, own = _identity(output), f".{_output_key(output)}{STAGING_MARK}"
+    here, own = _identity(output), f".{output_key(output)}{STAGING_MARK}"
     published = []
     for name in sorted(os.listdir(folder)):
         if not name.startswith(".") or STAGING_MARK not in name:
@@ -1636,7 +1636,7 @@ def _staged_for(staged: str) -> list[int] | None:
     return identity if _is_identity(identity) else None
 
 
-def _output_key(output: str) -> str:
+def output_key(output: str) -> str:
     """A short name for an output location, the same however it is reached: a local one's by
     what its folder is (st_dev, st_ino: a second mount of it is the same folder, as the plan
     compares places) and its name's bytes (names are bytes, whatever their encoding)."""

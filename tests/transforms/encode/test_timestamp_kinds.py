@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import chat
+from helpers import chat, stream_counts
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
 from kvtrace.transforms.encode.hashed_batch import REQUEST, HashedBatch
@@ -24,7 +24,6 @@ from kvtrace.transforms.encode.timestamp_kinds import (
     sum_kind_counts,
 )
 from kvtrace.transforms.read.timestamps import DAY_MS
-from kvtrace.transforms.write.manifest import read_run_counts
 
 EPOCH_MS = 1_700_000_000_000
 
@@ -150,7 +149,7 @@ def _stream(
         lines,
         letters,
         json.loads((folder / "out" / "cumulative.json").read_text()),
-        read_run_counts(str(folder / "rejected")),
+        stream_counts(folder / "rejected"),
     )
 
 

@@ -112,10 +112,10 @@ def test_a_letters_key_is_the_places_whatever_its_bytes_or_spelling(name):
         os.mkdir(os.path.join(base, "real"))
         os.symlink("real", os.path.join(base, "link"))
         decoded = os.fsdecode(name)
-        key = publish._output_key(os.path.join(base, "real", decoded))
-        assert key == publish._output_key(os.path.join(base, "link", decoded))
-        assert key != publish._output_key(os.path.join(base, "real", decoded + "2"))
-        assert key != publish._output_key(os.path.join(base, decoded))
+        key = publish.output_key(os.path.join(base, "real", decoded))
+        assert key == publish.output_key(os.path.join(base, "link", decoded))
+        assert key != publish.output_key(os.path.join(base, "real", decoded + "2"))
+        assert key != publish.output_key(os.path.join(base, decoded))
 
 
 def _manifest(folder, **fields) -> None:
