@@ -27,6 +27,7 @@ def _stream_chat(ts: int, i: int) -> dict:
     }
 
 
+@pytest.mark.beam  # the stream runs on Beam in this process
 def test_a_clock_reset_in_a_stream_does_not_close_its_windows_early(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
@@ -113,6 +114,7 @@ def test_a_clock_reset_in_a_stream_does_not_close_its_windows_early(
     )
 
 
+@pytest.mark.beam  # the stream runs on Beam in this process
 def test_a_streams_windows_do_not_split_a_timestamp_granule(tiny_tokenizer, tmp_path, monkeypatch):
     """Promise: the stream's windows concatenated are the batch job's bytes for the same
     records; with --timestamp-granularity-ms the rows of one published time come out in the
@@ -285,6 +287,7 @@ def test_a_clock_reset_arriving_alone_is_a_dead_letter_not_a_window(
     assert streamed == batch, f"stream published times {streamed}"
 
 
+@pytest.mark.beam  # the stream runs on Beam in this process
 def test_letters_after_the_last_window_are_not_lost_when_the_stream_ends(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
