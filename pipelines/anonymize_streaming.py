@@ -870,12 +870,15 @@ def run_streaming(config: StreamingConfig, flags: list[str]) -> None:
 
 
 def make_stream_folder(output: str) -> None:
-    """The stream's folder, rwxr-xr-x whatever the writer's umask (the mode publish gives a
-    night's folder, the one the gate passes), and like a night's staging folder inheriting
-    nothing of its parent (storage.inherit_nothing): the gate holds it as a night's folder."""
-    storage.make_folder(output)
+    """The stream's folder: one kvtrace makes is rwxr-xr-x whatever the writer's umask (the mode
+    publish gives a night's folder, the one the gate passes) and, like a night's staging folder,
+    inherits nothing of its parent (storage.inherit_nothing); an existing one is the user's,
+    never changed, only refused in one line if it would pass on what the gate refuses
+    (check_inherited, as storage.unfit_for_private_files refuses and never changes)."""
+    made = storage.make_folder(output)
     if not storage.is_url(output):
-        storage.inherit_nothing(output, storage.PUBLIC_FOLDER)
+        if made:
+            storage.inherit_nothing(output, storage.PUBLIC_FOLDER)
         check_inherited(output)
 
 
