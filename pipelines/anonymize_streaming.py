@@ -879,7 +879,7 @@ def make_stream_folder(output: str) -> None:
     if not storage.is_url(output):
         if made:
             storage.inherit_nothing(output, storage.PUBLIC_FOLDER)
-        check_inherited(output)
+        check_inherited(output, given=True)
 
 
 def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollection:

@@ -173,6 +173,8 @@ def foreign_metadata(
     try:
         descriptor = _open_entry(path)
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            return [f"{name}: a link, not a file or folder of its own"]
         return [f"{name}: unreadable ({err.strerror or err})"]
     try:
         return _foreign_on(descriptor, name, kept, owners)

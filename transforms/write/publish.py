@@ -162,11 +162,12 @@ def make_staging(staging: str, gated: bool = True) -> None:
 LISTED_ON_EVERY_FILE = ("system.nfs4_acl", "lustre.lov")
 
 
-def check_inherited(folder: str, kept: frozenset[str] = frozenset()) -> None:
+def check_inherited(folder: str, kept: frozenset[str] = frozenset(), given: bool = False) -> None:
     """Refuse, in one line, a local folder about to hold a published output that carries what
     the gate refuses in every entry (storage.foreign_metadata): what storage.inherit_nothing
     could not take off it (an inode flag only privilege clears, an attribute the file system
-    lists on every file) would be in every entry made in it, and the audit would refuse it."""
+    lists on every file) would be in every entry made in it, and the audit would refuse it.
+    given: the folder is the user's own output (named), not a staging folder (its parent is)."""
     if is_url(folder):
         return
     problems = storage.foreign_metadata(folder, os.path.basename(folder), kept)
@@ -180,9 +181,9 @@ def check_inherited(folder: str, kept: frozenset[str] = frozenset()) -> None:
                 f"disk and copy the published folder"
             )
     raise OutputRefused(
-        f"{os.path.dirname(folder) or '.'} passes on to what is made in it what kvtrace "
-        f"cannot clear and the audit refuses ({problems[0]}): write the output into a "
-        f"folder that passes nothing on (lsattr -d, getfacl, ls -ld)"
+        f"{folder if given else os.path.dirname(folder) or '.'} passes on to what is made "
+        f"in it what kvtrace cannot clear and the audit refuses ({problems[0]}): write the "
+        f"output into a folder that passes nothing on (lsattr -d, getfacl, ls -ld)"
     )
 
 
