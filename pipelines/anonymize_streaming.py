@@ -946,13 +946,16 @@ def published_windows(config: StreamingConfig) -> int:
 
 
 def make_stream_folder(output: str) -> None:
-    """The stream's folder, rwxr-xr-x whatever the writer's umask (the mode publish gives a
-    night's folder, the one the gate passes), and like a night's staging folder inheriting
-    nothing of its parent (storage.inherit_nothing): the gate holds it as a night's folder."""
-    storage.make_folder(output)
+    """The stream's folder: one kvtrace makes is rwxr-xr-x whatever the writer's umask (the mode
+    publish gives a night's folder, the one the gate passes) and, like a night's staging folder,
+    inherits nothing of its parent (storage.inherit_nothing); an existing one is the user's,
+    never changed, only refused in one line if it would pass on what the gate refuses
+    (check_inherited, as storage.unfit_for_private_files refuses and never changes)."""
+    made = storage.make_folder(output)
     if not storage.is_url(output):
-        storage.inherit_nothing(output, storage.PUBLIC_FOLDER)
-        check_inherited(output)
+        if made:
+            storage.inherit_nothing(output, storage.PUBLIC_FOLDER)
+        check_inherited(output, given=True)
 
 
 def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollection:

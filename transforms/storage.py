@@ -139,27 +139,59 @@ PRIVATE_FILE, PRIVATE_FOLDER = 0o600, 0o700
 PUBLIC_FILE, PUBLIC_FOLDER = 0o644, 0o755
 
 SELINUX_ATTRIBUTE = "security.selinux"
-POSIX_ACLS = ("system.posix_acl_access", "system.posix_acl_default")
 FS_IOC_GETFLAGS, FS_IOC_SETFLAGS = 0x80086601, 0x40086602  # linux/fs.h: lsattr, chattr
-# The inode flags a file system sets itself, on no one's choice: ext4 maps a file's blocks by
-# extents, indexes a folder by name hashes once it outgrows a block, and keeps a small file's
-# bytes inside its inode.
+# The inode flags a file system or its admin sets, no choice of kvtrace's nor of the user's per
+# file, so never cleared by inherit_nothing and never flagged by the gate: ext4 maps a file's
+# blocks by extents, indexes a folder by name hashes once it outgrows a block, keeps a small
+# file's bytes inside its inode; an encrypted tree (fscrypt), a verity file, a case-folding
+# folder and a project quota's inheritance are a whole tree's policy, set where it is made.
 FS_EXTENT_FL, FS_INDEX_FL, FS_INLINE_DATA_FL = 0x00080000, 0x00001000, 0x10000000
-FILE_SYSTEMS_OWN_FLAGS = FS_EXTENT_FL | FS_INDEX_FL | FS_INLINE_DATA_FL
+FS_ENCRYPT_FL, FS_VERITY_FL = 0x00000800, 0x00100000
+FS_CASEFOLD_FL, FS_PROJINHERIT_FL = 0x40000000, 0x20000000
+FILE_SYSTEMS_OWN_FLAGS = (
+    FS_EXTENT_FL
+    | FS_INDEX_FL
+    | FS_INLINE_DATA_FL
+    | FS_ENCRYPT_FL
+    | FS_VERITY_FL
+    | FS_CASEFOLD_FL
+    | FS_PROJINHERIT_FL
+)
 # What the ioctl fails with on a file system that keeps no inode flags
 NO_INODE_FLAGS = frozenset({errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
 
 
-def foreign_metadata(path: str, name: str, kept: frozenset[str] = frozenset()) -> list[str]:
+def foreign_metadata(
+    path: str, name: str, kept: frozenset[str] = frozenset(), owners: bool = True
+) -> list[str]:
     """What a local entry carries that kvtrace does not set, one line each, as the gate names
     it (stats/audit.py holds every published entry to this, and a run its output's staging
     folder before any work): inode flags but the file system's own (chattr: set by the owner
     without privilege, archived by bsdtar), extended attributes but the SELinux label (and kept
     ones: a staging folder's private mark; every namespace carries bytes, an ACL's entries
-    uids), an owner or group other than the user's own."""
+    uids), and if owners an owner or group other than the user's own (foreign_owners)."""
+    try:
+        descriptor = _open_entry(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return [f"{name}: a link, not a file or folder of its own"]
+        return [f"{name}: unreadable ({err.strerror or err})"]
+    try:
+        return _foreign_on(descriptor, name, kept, owners)
+    finally:
+        os.close(descriptor)
+
+
+def _open_entry(path: str) -> int:
+    """An entry opened to look at, never through a link, without waiting (a FIFO)."""
+    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+
+
+def _foreign_on(descriptor: int, name: str, kept: frozenset[str], owners: bool) -> list[str]:
+    """foreign_metadata of the entry open at descriptor."""
     problems = []
     try:
-        flags = _inode_flags(path)
+        flags = _inode_flags(descriptor)
     except OSError as err:
         problems.append(f"{name}: inode flags unreadable ({err.strerror or err})")
     else:
@@ -169,44 +201,55 @@ def foreign_metadata(path: str, name: str, kept: frozenset[str] = frozenset()) -
                 f"({flags & ~FILE_SYSTEMS_OWN_FLAGS:#x}, as lsattr lists them): clear them "
                 f"(chattr) or copy into a folder that has none"
             )
-    try:
-        attributes = set(os.listxattr(path, follow_symlinks=False)) - {SELINUX_ATTRIBUTE, *kept}
-    except (OSError, AttributeError):  # a file system without them holds none
-        attributes = set()
-    if attributes:
+    if attributes := foreign_attributes(descriptor, kept):
         problems.append(
             f"{name}: extended attributes kvtrace does not set "
             f"({', '.join(sorted(attributes))[:80]})"
         )
-    status = os.lstat(path)
-    if status.st_uid != os.geteuid() or status.st_gid != os.getegid():
-        problems.append(
-            f"{name}: owners kvtrace does not set (the user's own, of the user's group; a "
-            f"setgid folder gives its own): copy without -p or --same-owner, as the auditing user"
-        )
+    if owners and foreign_owners(os.fstat(descriptor)):
+        problems.append(f"{name}: {FOREIGN_OWNERS}")
     return problems
 
 
-def _inode_flags(path: str) -> int | None:
-    """An entry's inode flags (lsattr), None where its file system keeps none."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+FOREIGN_OWNERS = (
+    "owners kvtrace does not set (the user's own, of the user's group; a setgid folder gives "
+    "its own): copy without -p or --same-owner, as the auditing user"
+)
+
+
+def foreign_owners(status: os.stat_result) -> bool:
+    """Whether an entry's owner or group is not the user's own."""
+    return status.st_uid != os.geteuid() or status.st_gid != os.getegid()
+
+
+def foreign_attributes(entry: int | str, kept: frozenset[str] = frozenset()) -> set[str]:
+    """The extended attributes of an entry (open, or a path, never followed) but the SELinux
+    label and kept ones."""
     try:
-        packed = fcntl.ioctl(descriptor, FS_IOC_GETFLAGS, struct.pack("l", 0))
+        names = (
+            os.listxattr(entry)
+            if isinstance(entry, int)
+            else os.listxattr(entry, follow_symlinks=False)
+        )
+        return set(names) - {SELINUX_ATTRIBUTE, *kept}
+    except OSError:  # a file system without them holds none
+        return set()
+
+
+def _inode_flags(descriptor: int) -> int | None:
+    """An open entry's inode flags (lsattr), None where its file system keeps none. The ioctl
+    reads and writes an int (linux/fs.h), so an unsigned 32-bit one is packed."""
+    try:
+        packed = fcntl.ioctl(descriptor, FS_IOC_GETFLAGS, struct.pack("I", 0))
     except OSError as err:
         if err.errno in NO_INODE_FLAGS:
             return None
         raise
-    finally:
-        os.close(descriptor)
-    return struct.unpack("l", packed)[0] & 0xFFFFFFFF
+    return struct.unpack("I", packed)[0]
 
 
-def _set_inode_flags(path: str, flags: int) -> None:
-    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
-    try:
-        fcntl.ioctl(descriptor, FS_IOC_SETFLAGS, struct.pack("l", flags))
-    finally:
-        os.close(descriptor)
+def _set_inode_flags(descriptor: int, flags: int) -> None:
+    fcntl.ioctl(descriptor, FS_IOC_SETFLAGS, struct.pack("I", flags))
 
 
 class _DurableFile(io.FileIO):
@@ -248,23 +291,25 @@ def descriptor_path(file: IO[bytes]) -> str:
     return f"/proc/{os.getpid()}/fd/{file.fileno()}"
 
 
-def make_folder(path: str, private: bool = False) -> None:
+def make_folder(path: str, private: bool = False) -> bool:
     """A local folder (and its parents); those a private one needs are made owner-only and the
     private one marked kvtrace's. A folder kvtrace did not make is never changed nor marked
     (its private files are owner-only themselves), but one other users may write is refused:
     they could rename, delete or plant files among the private ones. One kvtrace made (marked)
-    is made owner-only again if it was opened up."""
+    is made owner-only again if it was opened up. Returns whether this call made it (a URL's
+    is never made)."""
     if is_url(path):
-        return
+        return False
     if not private:
-        _make_missing(path)
-        return
+        return _make_missing(path)
     if _make_owner_only(path):
         _mark_private(path)
-    elif is_private_folder(path):
+        return True
+    if is_private_folder(path):
         _keep_owner_only(path)
     elif unfit_private := unfit_for_private_files(path):
         raise PermissionError(unfit_private)
+    return False
 
 
 def make_parent(path: str, private: bool = False) -> None:
@@ -313,26 +358,53 @@ def inherit_nothing(folder: str, mode: int) -> None:
     """A folder just made given what the gate holds every entry to (foreign_metadata), so what
     is made inside inherits nothing of a team's shared parent: the user's own group (a setgid
     parent's is the team's; chown to a group of one's own needs no privilege), mode exactly
-    (the setgid bit off), no ACL (a default ACL's entries travel into every file), no inode
-    flag but the file system's own (chattr +d and the like are inherited). What cannot be
-    taken off stays, for the caller's check to name."""
-    if os.lstat(folder).st_gid != os.getegid():
+    (the setgid bit off), no extended attribute the gate would name (a default ACL's entries
+    travel into every file), no inode flag but the file system's own (chattr +d and the like
+    are inherited). What cannot be taken off stays, for the caller's check to name.
+
+    Done on the folder opened once, never through a link, and only if it is a folder of the
+    user's: a name swapped for a link after mkdir changes nothing it points to."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise PermissionError(
+                f"{folder} is not the folder kvtrace made (a link or file in its place): "
+                f"give an output of your own"
+            ) from None
+        raise
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.geteuid():
+            raise PermissionError(
+                f"{folder} is not the folder kvtrace made (another user's): give an output "
+                f"of your own"
+            )
+        _clear_inherited(descriptor, status)
+        os.fchmod(descriptor, mode)
+    finally:
+        os.close(descriptor)
+
+
+def _clear_inherited(descriptor: int, status: os.stat_result) -> None:
+    """Take off an open folder of the user's what foreign_metadata would name, as far as it
+    comes off without privilege."""
+    if status.st_gid != os.getegid():
         try:
-            os.chown(folder, -1, os.getegid())
+            os.fchown(descriptor, -1, os.getegid())
         except OSError:  # a file system that keeps no groups of its own (NFS squashing)
             pass
-    for acl in POSIX_ACLS:
+    for attribute in foreign_attributes(descriptor, frozenset()):
         try:
-            os.removexattr(folder, acl, follow_symlinks=False)
-        except OSError:  # none there, or a file system without ACLs
+            os.removexattr(descriptor, attribute)
+        except OSError:  # one the file system lists on every entry, or a privileged one
             pass
     try:
-        flags = _inode_flags(folder)
+        flags = _inode_flags(descriptor)
         if flags is not None and flags & ~FILE_SYSTEMS_OWN_FLAGS:
-            _set_inode_flags(folder, flags & FILE_SYSTEMS_OWN_FLAGS)
+            _set_inode_flags(descriptor, flags & FILE_SYSTEMS_OWN_FLAGS)
     except OSError:  # one only privilege clears (immutable, append-only): named later
         pass
-    os.chmod(folder, mode)
 
 
 def unfit_for_private_files(folder: str) -> str | None:

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             _analyze(args, beam_args, files, block_size, None, report)
             return 0
         # Whole, or not at all: the folder, then the report, once the work has succeeded.
-        with folder_output(args.output, "analyze", report, private) as staged:
+        with folder_output(args.output, "analyze", report, private, gated=False) as staged:
             _analyze(args, beam_args, files, block_size, staged.path, report)
     return 0
 

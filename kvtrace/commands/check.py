@@ -18,6 +18,7 @@ from kvtrace.commands.common import (
 from kvtrace.transforms.encode.schemes import SCHEMES
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.trace_format import CAPTURE_FORMATS, MANIFEST, OUTPUT_LENGTH_FIELD
+from kvtrace.transforms.write.coarsen import SLOWEST_TOKEN_MS
 
 
 def add_parsers(commands: Any) -> None:
@@ -117,17 +118,21 @@ def add_audit_parser(commands: Any) -> None:
         help="as the run was given: the manifest's kwargs digests are checked against them "
         "(needs the run's salt); a manifest with any digest audited without it is flagged",
     )
-    for option, what in (
-        ("--block-size", "N"),
-        ("--timestamp-granularity-ms", "MS"),
-        ("--length-granularity", "N"),
+    for option, what, note in (
+        ("--block-size", "N", ""),
+        (
+            "--timestamp-granularity-ms",
+            "MS",
+            f"; a run given only --length-granularity N used its floor, N x {SLOWEST_TOKEN_MS} ms",
+        ),
+        ("--length-granularity", "N", ""),
     ):
         add(
             option,
             type=int,
             metavar=what,
-            help="as the run was given: the manifest's must equal it (without it, only round "
-            "values pass: powers of two, 10^k ms, minutes, hours, days)",
+            help=f"as the run was given{note}: the manifest's must equal it (without it, only "
+            "round values pass: powers of two, 10^k ms, minutes, hours, days)",
         )
     add(
         "--window-ms",

@@ -22,8 +22,8 @@ def _add_flag(path, flag: int) -> None:
     """Set an inode flag as chattr does, or skip where the file system keeps none."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        (flags,) = struct.unpack("l", fcntl.ioctl(fd, storage.FS_IOC_GETFLAGS, b"\0" * 8))
-        fcntl.ioctl(fd, storage.FS_IOC_SETFLAGS, struct.pack("l", flags | flag))
+        (flags,) = struct.unpack("I", fcntl.ioctl(fd, storage.FS_IOC_GETFLAGS, b"\0" * 4))
+        fcntl.ioctl(fd, storage.FS_IOC_SETFLAGS, struct.pack("I", flags | flag))
     except OSError:
         pytest.skip("this file system keeps no inode flags")
     finally:
@@ -113,7 +113,7 @@ def test_what_cannot_be_cleared_refuses_the_staging_before_any_work(tmp_path, mo
     parent.mkdir()
     _add_flag(parent, FS_NODUMP_FL)
 
-    def refused(path: str, flags: int) -> None:
+    def refused(descriptor: int, flags: int) -> None:
         raise PermissionError("operation not permitted")
 
     monkeypatch.setattr(storage, "_set_inode_flags", refused)
@@ -121,3 +121,112 @@ def test_what_cannot_be_cleared_refuses_the_staging_before_any_work(tmp_path, mo
         make_staging(str(parent / ".out.kvtrace-staging-0123456789ab"))
     assert "\n" not in str(err.value)
     assert os.listdir(parent) == []
+
+
+def test_inherit_nothing_refuses_a_link_in_the_folders_place(tmp_path):
+    """A name swapped for a link between mkdir and inherit_nothing (a group member of a shared
+    parent can) is refused in one line, and what it points to is left as it was."""
+    target = tmp_path / "target"
+    target.mkdir(mode=0o700)
+    os.chmod(target, 0o700)
+    (tmp_path / "out").symlink_to(target)
+    with pytest.raises(PermissionError, match="a link or file in its place") as err:
+        storage.inherit_nothing(str(tmp_path / "out"), storage.PUBLIC_FOLDER)
+    assert "\n" not in str(err.value)
+    assert os.stat(target).st_mode & 0o7777 == 0o700
+
+
+def test_inherit_nothing_refuses_another_users_folder(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("only root makes a folder another user's here")
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, 65534, -1)
+    with pytest.raises(PermissionError, match="another user's"):
+        storage.inherit_nothing(str(folder), storage.PUBLIC_FOLDER)
+    assert os.stat(folder).st_mode & 0o7777 == 0o700
+
+
+@pytest.mark.parametrize("attribute", ["user.note", "user.kvtrace.private", "user.x.y"])
+def test_inherit_nothing_takes_off_every_attribute_the_gate_would_name(tmp_path, attribute):
+    folder = tmp_path / "made"
+    folder.mkdir()
+    try:
+        os.setxattr(folder, attribute, b"1")
+    except OSError:
+        pytest.skip("no user extended attributes on this file system")
+    storage.inherit_nothing(str(folder), storage.PRIVATE_FOLDER)
+    assert storage.foreign_metadata(str(folder), "x") == []
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        storage.FS_ENCRYPT_FL,
+        storage.FS_VERITY_FL,
+        storage.FS_CASEFOLD_FL,
+        storage.FS_PROJINHERIT_FL,
+    ],
+)
+def test_a_file_systems_policy_flag_is_neither_cleared_nor_named(tmp_path, monkeypatch, policy):
+    """An encrypted, verity, case-folding or project-inheriting entry is the file system's or an
+    admin's policy: inherit_nothing keeps it while it clears the owner's chattr +d, and the gate
+    names only the latter."""
+    flags = {"now": policy | FS_NODUMP_FL}
+    monkeypatch.setattr(storage, "_inode_flags", lambda descriptor: flags["now"])
+    monkeypatch.setattr(storage, "_set_inode_flags", lambda d, new: flags.update(now=new))
+    folder = tmp_path / "made"
+    folder.mkdir()
+    assert storage.foreign_metadata(str(folder), "x")[0].startswith(
+        "x: inode flags kvtrace does not set (0x40,"
+    )
+    storage.inherit_nothing(str(folder), storage.PUBLIC_FOLDER)
+    assert flags["now"] == policy
+    assert storage.foreign_metadata(str(folder), "x") == []
+
+
+def test_a_project_inheriting_parent_passes_a_publishable_folder(tmp_path):
+    """The real flag, where ext4 keeps it (chattr +P): inherited, kept, not named."""
+    parent = tmp_path / "project"
+    parent.mkdir()
+    _add_flag(parent, storage.FS_PROJINHERIT_FL)
+    staging = parent / ".out.kvtrace-staging-0123456789ab"
+    make_staging(str(staging))
+    assert storage.foreign_metadata(str(staging), "s", frozenset({storage.PRIVATE_MARK})) == []
+
+
+@pytest.mark.parametrize("listed", ["system.nfs4_acl", "lustre.lov"])
+def test_a_file_system_listing_an_attribute_on_every_file_is_refused_plainly(
+    tmp_path, monkeypatch, listed
+):
+    """NFSv4's ACL and Lustre's layout are on every entry and come off none: one line, one piece
+    of advice, no staging folder named."""
+    real = storage.foreign_attributes
+    monkeypatch.setattr(
+        storage, "foreign_attributes", lambda entry, kept=frozenset(): real(entry, kept) | {listed}
+    )
+    staging = tmp_path / ".out.kvtrace-staging-0123456789ab"
+    with pytest.raises(OutputRefused) as err:
+        make_staging(str(staging))
+    assert str(err.value) == (
+        f"this file system lists {listed} on every file; stage nights on a local disk and "
+        f"copy the published folder"
+    )
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_ungated_output_is_not_refused_for_what_its_parent_passes_on(tmp_path, monkeypatch):
+    """analyze's folder (a report, never audited) is made where a night would be refused."""
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    _add_flag(parent, FS_NODUMP_FL)
+
+    def refused(descriptor: int, flags: int) -> None:
+        raise PermissionError("operation not permitted")
+
+    monkeypatch.setattr(storage, "_set_inode_flags", refused)
+    staging = parent / ".out.kvtrace-staging-0123456789ab"
+    make_staging(str(staging), gated=False)
+    assert staging.is_dir()
+    with pytest.raises(OutputRefused):
+        make_staging(str(parent / ".b.kvtrace-staging-0123456789ab"))

@@ -92,6 +92,7 @@ from kvtrace.transforms.read.timestamps import timestamp_kind
 from kvtrace.transforms.trace_format import (
     MAX_TRACE_LINE_BYTES,
     NIGHT_ORIGIN,
+    OUTPUT_LENGTH_FIELD,
     STATS,
     TIME_ORIGIN_FIELD,
     TIMESTAMP_FIELD,
@@ -1146,12 +1147,15 @@ def _days_added(recorded: dict[str, int], night: dict[int, int]) -> dict[str, in
     return days
 
 
-def check_night_follows(directory: str, base: MapVersion, night: Night) -> None:
+def check_night_follows(
+    directory: str, base: MapVersion, night: Night, granularity: dict[str, int] | None = None
+) -> None:
     """Refuse a new night that begins at or before the last time the map's nights published
-    (a cut inside a --timestamp-granularity-ms granule, or a log the map has passed): one run
-    would sort its rows among theirs, nights cannot, so nothing may publish it. A rerun of a
-    recorded night is that night, and passes; a night that begins where a recorded one began
-    but is not it (other rows) is told so: most likely a rerun with other flags."""
+    (a cut inside a timestamp granule, or a log the map has passed): one run would sort its
+    rows among theirs, nights cannot, so nothing may publish it. A rerun of a recorded night
+    is that night, and passes; a night that begins where a recorded one began but is not it
+    (other rows) is told so: most likely a rerun with other flags. granularity: the night's
+    manifest's, whose timestamp granule the refusal names with where it came from."""
     last = base.published_to_ms
     if last is None or night.start["time_from_ms"] > last:
         return
@@ -1168,9 +1172,22 @@ def check_night_follows(directory: str, base: MapVersion, night: Night) -> None:
     raise JobStopped(
         f"this night's first row would publish at {night.start['time_from_ms']} ms, at or before "
         f"{last} ms, the last time the id map {directory}'s nights published: its rows would not "
-        f"follow theirs as in one run over both. Cut nights on published times (granules): "
-        f"give this night only requests that publish after {last} ms; nothing was published."
+        f"follow theirs as in one run over both. Cut nights on published times"
+        f"{_granule_said(granularity or {})}: give this night only requests that publish "
+        f"after {last} ms; nothing was published."
     )
+
+
+def _granule_said(granularity: dict[str, int]) -> str:
+    """The night's timestamp granule and where it came from: --length-granularity N alone sets
+    one (its floor, coarsen.timestamp_floor), as --timestamp-granularity-ms does."""
+    step, lengths = granularity.get("timestamp_ms", 1), granularity.get(OUTPUT_LENGTH_FIELD, 1)
+    if step <= 1:
+        return " (granules)"
+    source = "--timestamp-granularity-ms"
+    if lengths > 1:
+        source += f", or without it the floor --length-granularity {lengths} sets"
+    return f" (granules of {step} ms: {source})"
 
 
 def check_night_kind(directory: str, base: MapVersion, earliest_ms: int | None) -> None:
@@ -1345,7 +1362,7 @@ def publish_night(
     night = Night(manifest["id_map"], night_identity(manifest, folder), files_identity(manifest))
     recorded = recorded_start(base, *night.identities())
     if recorded is None and earliest_ms is not None:
-        check_night_follows(directory, base, night)
+        check_night_follows(directory, base, night, manifest.get("granularity"))
     published = manifest if recorded is None else manifest | {"id_map": recorded}
     added = {"blocks": added_blocks, "sessions": added_sessions}
     if not _brings_nothing(base, added, compacted, earliest_ms, night):

@@ -538,8 +538,10 @@ def _check_attributes(path: str, name: str, gate: _Gate) -> None:
     beside the bytes: storage.foreign_metadata, the one rule a run also holds its staging
     folder to (extended attributes, inode flags, owners). The SELinux label, which a security
     module sets on every file, is kept for _check_file_metadata."""
-    for problem in storage.foreign_metadata(path, name):
+    for problem in storage.foreign_metadata(path, name, owners=False):
         gate.flag(problem)
+    if storage.foreign_owners(os.lstat(path)):  # one line for the folder: never crowds out others
+        gate.flag(f"the folder or its entries: {storage.FOREIGN_OWNERS}")
     try:
         gate.labels[name] = os.getxattr(path, SELINUX_ATTRIBUTE, follow_symlinks=False)
     except OSError as err:

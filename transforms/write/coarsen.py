@@ -25,7 +25,13 @@ from kvtrace.transforms.write.rows import RowBatch
 # reply's end, so its arrival is TTFT + tokens x per-token time (+ a tool's few ms) after the
 # last, and a timestamp finer than N tokens' decode gives a length rounded to N back to the
 # token. 100 ms a token is slower than any engine serves interactively (a busy large model
-# decodes at 20-60 ms): at N x 100 ms, the N tokens a rounding hides stay within one granule.
+# decodes at 20-60 ms). What the floor bounds: two replies fewer than N tokens apart, decoded
+# at most 100 ms a token, put the next arrival less than a granule G = N x 100 ms apart, so the
+# published arrivals are equal or one granule apart, never more. Equal (the length hidden)
+# except where a granule boundary falls between them, at a share (tokens apart x per-token
+# ms) / G of the arrival's phases, under 1/N for one token: there the next arrival's granule
+# tells which side of the boundary the length lies, narrowed, not hidden. A slower decode is
+# not bounded at all.
 SLOWEST_TOKEN_MS = 100
 
 

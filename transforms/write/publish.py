@@ -141,11 +141,15 @@ def staging_folder(output: str, run_id: str) -> str:
     )
 
 
-def make_staging(staging: str) -> None:
+def make_staging(staging: str, gated: bool = True) -> None:
     """A run's staging folder made (owner-only, marked private; storage makes it inherit
-    nothing of its parent) and held to what the gate holds every published entry to, before
-    any work (check_inherited); removed again if it fails."""
+    nothing of its parent) and, if it stages an output the audit gates (a night, a derived
+    folder, a stream's window), held to what the gate holds every published entry to before
+    any work (check_inherited); removed again if that fails. A private or report output
+    (analyze's) is never audited, so never refused for it."""
     storage.make_folder(staging, private=True)
+    if not gated:
+        return
     try:
         check_inherited(staging, kept=frozenset({storage.PRIVATE_MARK}))
     except OutputRefused:
@@ -153,20 +157,34 @@ def make_staging(staging: str) -> None:
         raise
 
 
-def check_inherited(folder: str, kept: frozenset[str] = frozenset()) -> None:
+# Attributes a file system lists on every entry, which no one removes: NFSv4's ACL and Lustre's
+# striping layout. An output staged there is refused whatever its parent.
+LISTED_ON_EVERY_FILE = ("system.nfs4_acl", "lustre.lov")
+
+
+def check_inherited(folder: str, kept: frozenset[str] = frozenset(), given: bool = False) -> None:
     """Refuse, in one line, a local folder about to hold a published output that carries what
     the gate refuses in every entry (storage.foreign_metadata): what storage.inherit_nothing
-    could not take off it (an inode flag only privilege clears, an ACL a file system keeps)
-    would be in every entry made in it, and the audit would refuse the night."""
+    could not take off it (an inode flag only privilege clears, an attribute the file system
+    lists on every file) would be in every entry made in it, and the audit would refuse it.
+    given: the folder is the user's own output (named), not a staging folder (its parent is)."""
     if is_url(folder):
         return
     problems = storage.foreign_metadata(folder, os.path.basename(folder), kept)
-    if problems:
-        raise OutputRefused(
-            f"{os.path.dirname(folder) or '.'} passes on to what is made in it what kvtrace "
-            f"cannot clear and the audit refuses ({problems[0]}): write the output into a "
-            f"folder that passes nothing on (lsattr -d, getfacl, ls -ld)"
-        )
+    if not problems:
+        return
+    attributes = storage.foreign_attributes(folder, kept)
+    for listed in LISTED_ON_EVERY_FILE:
+        if listed in attributes:
+            raise OutputRefused(
+                f"this file system lists {listed} on every file; stage nights on a local "
+                f"disk and copy the published folder"
+            )
+    raise OutputRefused(
+        f"{folder if given else os.path.dirname(folder) or '.'} passes on to what is made "
+        f"in it what kvtrace cannot clear and the audit refuses ({problems[0]}): write the "
+        f"output into a folder that passes nothing on (lsattr -d, getfacl, ls -ld)"
+    )
 
 
 def _staged_here(path: str) -> str:
@@ -721,20 +739,25 @@ class StagedFolder:
 
 @contextmanager
 def folder_output(
-    output: str, writer: str = "", report: StagedFile | None = None, private: bool = False
+    output: str,
+    writer: str = "",
+    report: StagedFile | None = None,
+    private: bool = False,
+    gated: bool = True,
 ) -> Iterator[StagedFolder]:
     """An output folder checked (no foreign file) and locked before the work, which writes into
     the staging folder yielded; it is published whole when the block ends without an error,
     and removed when it does not. writer: the command, for a folder the work writes no manifest
     into (marked as its output: mark_output). A report (from file_output, entered first) the
-    work wrote is published with it, last. private: published owner-only (publish_folder)."""
+    work wrote is published with it, last. private: published owner-only (publish_folder).
+    gated: an output the audit gates (make_staging)."""
     output = folded(output)
     if not is_url(output):
         check_parent(output)
     check_output(output)
     staged = StagedFolder(staging_folder(output, new_run_id()))
     with output_lock(output):
-        make_staging(staged.path)
+        make_staging(staged.path, gated)
         try:
             yield staged
             if not staged.withdrawn:

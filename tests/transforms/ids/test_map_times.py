@@ -11,6 +11,7 @@ import pytest
 from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids import id_map, map_record
 from kvtrace.transforms.ids.map_record import keyed, map_key, read_record
+from kvtrace.transforms.trace_format import OUTPUT_LENGTH_FIELD
 
 KEY = map_key(b"t" * 32)
 IDENTITY = id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", {})
@@ -89,3 +90,28 @@ def test_days_and_the_last_time_are_recorded_together(edit):
     record = _extended(empty, _night(empty, 0, "a" * 64), id_map.NightTimes({3: 1}, 0)).record()
     with pytest.raises(IdMapError, match="published_to_ms is"):
         read_record(keyed(record | edit, KEY), "v", KEY)
+
+
+@pytest.mark.parametrize(
+    ("granularity", "said"),
+    [
+        ({"timestamp_ms": 1, OUTPUT_LENGTH_FIELD: 1}, "Cut nights on published times (granules):"),
+        (
+            {"timestamp_ms": 500, OUTPUT_LENGTH_FIELD: 1},
+            "(granules of 500 ms: --timestamp-granularity-ms)",
+        ),
+        (
+            {"timestamp_ms": 1600, OUTPUT_LENGTH_FIELD: 16},
+            "(granules of 1600 ms: --timestamp-granularity-ms, or without it the floor "
+            "--length-granularity 16 sets)",
+        ),
+    ],
+)
+def test_a_cut_inside_a_granule_names_where_the_granule_came_from(granularity, said):
+    """--length-granularity alone sets a timestamp granule (its floor): a night cut inside one
+    is refused as with --timestamp-granularity-ms, and told so."""
+    empty = id_map.empty_version(IDENTITY)
+    first = _extended(empty, _night(empty, 0, "a" * 64), id_map.NightTimes({3: 2}, 2_000))
+    with pytest.raises(JobStopped) as err:
+        id_map.check_night_follows("m", first, _night(first, 1_000, "b" * 64), granularity)
+    assert said in str(err.value)

@@ -6,7 +6,9 @@ The unit tests; the whole CLI runs are in tests/e2e/test_audit_cli.py."""
 from __future__ import annotations
 
 import json
+import os
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -106,3 +108,20 @@ def test_a_parent_row_must_precede_its_own_across_shards():
         seen.add(rows([NO_PARENT, 0, 0]), None)
         seen.add(rows(wrong, 3), None)
         assert seen.problems == ["parent_row rows that do not precede their own"], wrong
+
+
+def test_foreign_owners_are_one_line_for_the_folder(tmp_path):
+    """A copy that kept another user's owners names them once, not once per entry: a folder of
+    many files cannot crowd the gate's other flags out of MAX_FLAGS."""
+    from kvtrace.transforms.stats.audit import MAX_FLAGS, _entries, _Gate
+
+    if os.geteuid() != 0:
+        pytest.skip("only root gives files another user's owner here")
+    for i in range(MAX_FLAGS + 5):
+        (tmp_path / f"stray-{i}").write_bytes(b"1")
+        os.chown(tmp_path / f"stray-{i}", 65534, -1)
+    gate = _Gate()
+    _entries(str(tmp_path), gate)
+    owners = [flag for flag in gate.flags if "owners kvtrace does not set" in flag]
+    assert len(owners) == 1
+    assert len(gate.flags) == MAX_FLAGS  # the rest are the strays' own lines

@@ -196,3 +196,26 @@ def test_timestamps_pass_only_as_coarse_as_the_lengths_need(length_step, time_st
     assert (problem is None) == (time_step >= floor)
     assert problem is None or f"{floor} ms" in problem
     assert timing_problem(floor, length_step) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    length_step=st.integers(2, 16),
+    per_token_ms=st.integers(1, SLOWEST_TOKEN_MS),
+    tokens=st.integers(0, 10_000),
+    apart=st.integers(0, 15),
+    offset=st.integers(0, 10**9),
+)
+def test_the_floor_hides_a_length_inside_a_granule_and_narrows_it_at_a_boundary(
+    length_step, per_token_ms, tokens, apart, offset
+):
+    """The claim of coarsen.SLOWEST_TOKEN_MS, every phase of the next arrival swept: replies
+    fewer than N tokens apart publish the next arrival equal or one granule apart, and apart
+    at exactly (tokens apart x per-token ms) of the granule's phases."""
+    apart %= length_step
+    granule = timestamp_floor(length_step)
+    phases = offset + np.arange(granule, dtype=np.int64)
+    one = round_to(phases + tokens * per_token_ms, granule)
+    other = round_to(phases + (tokens + apart) * per_token_ms, granule)
+    assert set(np.unique(other - one)) <= {0, granule}
+    assert np.count_nonzero(other != one) == apart * per_token_ms
