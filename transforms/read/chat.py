@@ -623,6 +623,9 @@ def template_settings(body: dict[str, Any]) -> dict[str, Any]:
         own = {}
     if not isinstance(own, dict):
         raise Rejected("wrong_type", f"chat_template_kwargs is a {type(own).__name__}")
+    # Free-form only below its top level: a null kwarg reads as unset, as a Parquet row (which
+    # cannot tell null from absent) reads it; a null inside a kwarg's value is the template's.
+    own = {name: value for name, value in own.items() if value is not None}
     if len(own) > MAX_TEMPLATE_KWARGS:
         raise Rejected("too_large", f"{len(own)} chat_template_kwargs, over {MAX_TEMPLATE_KWARGS}")
     if own.get("chat_template") is not None:
