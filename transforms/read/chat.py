@@ -249,9 +249,14 @@ def responses_messages(
 def _message_item(
     item: dict[str, Any], index: int, drop_non_text: bool, budget: ContainerBudget
 ) -> dict[str, Any]:
-    """A message item (input, or a previous response's output message): its role and text."""
-    content = text_of(item.get("content"), f"input item {index}", drop_non_text)
-    return {"role": _role(item, index), "content": content}
+    """A message item (input, or a previous response's output message): its role and text. An
+    output message (it has the `id` and `status` only a response's output item has) is built
+    as the engine builds one: from its first content part alone."""
+    content = item.get("content")
+    if item.get("id") is not None and item.get("status") is not None and isinstance(content, list):
+        content = content[:1]
+    text = text_of(content, f"input item {index}", drop_non_text)
+    return {"role": _role(item, index), "content": text}
 
 
 def _function_call_item(
