@@ -530,8 +530,8 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
         if type_of(item) == "function_call":
             pieces += [item.get("name"), item.get("arguments")]
         for part in _list(item.get("content")) or _list(item.get("summary")):
-            if isinstance(part, dict):
-                pieces.append(part.get("text"))
+            if isinstance(part, dict):  # a refusal part's text generated too, as text_of reads it
+                pieces.append(part.get("refusal" if type_of(part) == "refusal" else "text"))
     if chunk.get("type") == "message" and isinstance(chunk.get("content"), list):  # Anthropic
         for block in chunk["content"]:
             if isinstance(block, dict):
