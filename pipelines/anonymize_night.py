@@ -290,6 +290,7 @@ def pass_gate(
             config.input_bytes,
             tuple(sorted(rejected.reasons, key=lambda item: (-item[1], item[0]))),
             len(config.inputs),
+            rejected.unserved_bytes,
         ),
         config.max_rejected_fraction,
         dict(rejected.reasons),

@@ -126,6 +126,12 @@ def _whole_line(line: bytes) -> dict:
     return {"line_bytes": len(line), "line_sha256": hashlib.sha256(line).hexdigest()}
 
 
+# The reasons of records the engine never served (a gateway answered them from its own cache):
+# rejected and counted (read = exported + rejected), but no damage to the input nor a refusal of
+# it, so --max-rejected-fraction, which judges how much of what the engine served a night lost,
+# weighs neither them nor their bytes (manifest.RecordCounts.rejected_fraction).
+NEVER_SERVED = frozenset({"gateway_cache_hit"})
+
 # A Parquet file's column (Tally, read/sources.RowShare) for its rows' whole size: weighs what
 # its groups own past their columns' bytes.
 WHOLE_ROW = -1
@@ -147,6 +153,9 @@ class Tally:
     # (source, column, its row letters' bytes as JSON in it), sorted
     row_bytes: tuple[tuple[str, int, int], ...] = ()
     shares: tuple[tuple[str, int, int, int], ...] = ()  # (source, column, stored, as JSON)
+    # The NEVER_SERVED letters' part of stored_lost and row_bytes.
+    unserved_lost: int = 0
+    unserved_rows: tuple[tuple[str, int, int], ...] = ()
 
     @classmethod
     def of(cls, letters: Iterable[DeadLetter]) -> Tally:
@@ -162,8 +171,10 @@ class Tally:
             counts.rows.update({(s, c): b for s, c, b in tally.row_bytes})
             counts.stored.update({(s, c): b for s, c, b, _ in tally.shares})
             counts.sized.update({(s, c): b for s, c, _, b in tally.shares})
+            counts.unserved_rows.update({(s, c): b for s, c, b in tally.unserved_rows})
         counts.count = self.count + other.count
         counts.lost = self.stored_lost + other.stored_lost
+        counts.unserved_lost = self.unserved_lost + other.unserved_lost
         return counts.tally
 
     @property
@@ -172,12 +183,20 @@ class Tally:
         row letters' JSON bytes in each column at its share, rounded up, never more than the
         column's bytes (a file with no share, never expected, weighs its rows' JSON bytes:
         more, never less)."""
+        return self._lost(self.stored_lost, self.row_bytes)
+
+    @property
+    def unserved_bytes(self) -> int:
+        """The part of lost_bytes that NEVER_SERVED letters lost, by the same rule."""
+        return self._lost(self.unserved_lost, self.unserved_rows)
+
+    def _lost(self, stored_lost: int, row_bytes: tuple[tuple[str, int, int], ...]) -> int:
         shares = {
             (source, column): (stored, sized) for source, column, stored, sized in self.shares
         }
         with_share = {source for source, *_ in self.shares}
-        lost = self.stored_lost
-        for source, column, sized_lost in self.row_bytes:
+        lost = stored_lost
+        for source, column, sized_lost in row_bytes:
             if (source, column) in shares:
                 stored, sized = shares[source, column]
                 lost += min(-(-sized_lost * stored // max(sized, 1)), stored)
@@ -197,7 +216,8 @@ class _Counts:
         self.rows: Counter[tuple[str, int]] = Counter()  # (source, column) -> bytes as JSON
         self.stored: Counter[tuple[str, int]] = Counter()  # Tally.shares' pair, summed below
         self.sized: Counter[tuple[str, int]] = Counter()
-        self.count = self.lost = 0
+        self.unserved_rows: Counter[tuple[str, int]] = Counter()  # NEVER_SERVED's part of rows
+        self.count = self.lost = self.unserved_lost = 0
 
     def add(self, letter: DeadLetter) -> bool:
         """Count a letter; False for a file's share record, which is no letter."""
@@ -208,10 +228,13 @@ class _Counts:
             return False
         self.count, self.lost = self.count + 1, self.lost + letter.lost_bytes
         self.reasons[letter.reason] += 1
+        unserved = letter.reason in NEVER_SERVED
+        self.unserved_lost += letter.lost_bytes if unserved else 0
         if letter.row_bytes:
-            self.rows[letter.source, WHOLE_ROW] += letter.row_bytes
-            for column, sized in enumerate(letter.row_columns):
-                self.rows[letter.source, column] += sized
+            for rows in (self.rows, self.unserved_rows) if unserved else (self.rows,):
+                rows[letter.source, WHOLE_ROW] += letter.row_bytes
+                for column, sized in enumerate(letter.row_columns):
+                    rows[letter.source, column] += sized
         return True
 
     @property
@@ -222,6 +245,8 @@ class _Counts:
             tuple(sorted(self.reasons.items())),
             tuple(sorted((*key, sized) for key, sized in self.rows.items())),
             tuple(sorted((*key, self.stored[key], sized) for key, sized in self.sized.items())),
+            self.unserved_lost,
+            tuple(sorted((*key, sized) for key, sized in self.unserved_rows.items())),
         )
 
 

@@ -11,7 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import FINLAND, FRANCE, SALT, anonymize, chat, read_jsonl, trace, write_jsonl
+from helpers import (
+    FINLAND,
+    FRANCE,
+    SALT,
+    anonymize,
+    chat,
+    published_letters,
+    read_jsonl,
+    trace,
+    write_jsonl,
+)
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
@@ -118,6 +128,20 @@ def test_max_rejected_fraction_fails_without_writing_a_trace(
     assert err.splitlines()[-1].startswith("error: too much input rejected: 2 of 3 records")
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_gateways_cache_hits_are_counted_but_not_held_against_the_bound(tiny_tokenizer, tmp_path):
+    """The engine never served them: no input lost (dead_letters.NEVER_SERVED). Two of three
+    records rejected pass a bound of 0.5, the third's damage is one of the two served."""
+    hits = [{**chat(i, i), "cache_hit": True} for i in (1, 2)]
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), *hits])
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--max-rejected-fraction", "0.5") == 0
+    letters = read_jsonl(published_letters(tmp_path / "out-rejected"))
+    assert [letter["error"] for letter in letters] == ["gateway_cache_hit"] * 2
+    damaged = write_jsonl(tmp_path / "damaged.jsonl", [chat(0, 0), *hits, b"bad"])
+    assert (
+        anonymize(tiny_tokenizer, [damaged], tmp_path / "no", "--max-rejected-fraction", "0.4") == 1
+    )
 
 
 def test_same_records_split_and_ordered_differently_give_identical_bytes(tiny_tokenizer, tmp_path):

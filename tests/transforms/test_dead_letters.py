@@ -94,6 +94,22 @@ def test_row_letters_weigh_their_files_share_whatever_the_split_and_are_no_lette
     assert [line.get("row_bytes") for line in written] == [10, 990, None]
 
 
+def test_the_letters_of_records_never_served_are_counted_and_their_bytes_told_apart():
+    """A gateway's cache hit (NEVER_SERVED) is a letter like any, its bytes lost like any, and
+    the tally says which part of them it lost, by the same rule, however it is split."""
+    hit = DeadLetter("f.parquet", b"{}", "gateway_cache_hit", "x", row_bytes=10, row_columns=(8, 2))
+    line_hit = DeadLetter("g.jsonl", b"{}", "gateway_cache_hit", "x", lost_bytes=5)
+    damaged = DeadLetter("g.jsonl", b"{", "invalid_json", "x", lost_bytes=7)
+    share = DeadLetter(
+        "f.parquet", b"", "row_share", "s", share=((WHOLE_ROW, 10, 10), (0, 60, 8), (1, 30, 2))
+    )
+    letters = [hit, line_hit, damaged, share]
+    whole = Tally.of(letters)
+    assert (whole.count, whole.lost_bytes, whole.unserved_bytes) == (3, 100 + 5 + 7, 100 + 5)
+    for cut in range(len(letters) + 1):
+        assert Tally.of(letters[:cut]) + Tally.of(letters[cut:]) == whole
+
+
 def test_no_letters_no_run(tmp_path):
     assert SortedRuns(str(tmp_path)).close() == StagedLetters()
     assert not any(tmp_path.iterdir())

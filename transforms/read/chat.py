@@ -249,9 +249,14 @@ def responses_messages(
 def _message_item(
     item: dict[str, Any], index: int, drop_non_text: bool, budget: ContainerBudget
 ) -> dict[str, Any]:
-    """A message item (input, or a previous response's output message): its role and text."""
-    content = text_of(item.get("content"), f"input item {index}", drop_non_text)
-    return {"role": _role(item, index), "content": content}
+    """A message item (input, or a previous response's output message): its role and text. An
+    output message (it has the `id` and `status` only a response's output item has) is built
+    as the engine builds one: from its first content part alone."""
+    content = item.get("content")
+    if item.get("id") is not None and item.get("status") is not None and isinstance(content, list):
+        content = content[:1]
+    text = text_of(content, f"input item {index}", drop_non_text)
+    return {"role": _role(item, index), "content": text}
 
 
 def _function_call_item(
@@ -525,8 +530,8 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
         if type_of(item) == "function_call":
             pieces += [item.get("name"), item.get("arguments")]
         for part in _list(item.get("content")) or _list(item.get("summary")):
-            if isinstance(part, dict):
-                pieces.append(part.get("text"))
+            if isinstance(part, dict):  # a refusal part's text generated too, as text_of reads it
+                pieces.append(part.get("refusal" if type_of(part) == "refusal" else "text"))
     if chunk.get("type") == "message" and isinstance(chunk.get("content"), list):  # Anthropic
         for block in chunk["content"]:
             if isinstance(block, dict):
@@ -623,6 +628,9 @@ def template_settings(body: dict[str, Any]) -> dict[str, Any]:
         own = {}
     if not isinstance(own, dict):
         raise Rejected("wrong_type", f"chat_template_kwargs is a {type(own).__name__}")
+    # Free-form only below its top level: a null kwarg reads as unset, as a Parquet row (which
+    # cannot tell null from absent) reads it; a null inside a kwarg's value is the template's.
+    own = {name: value for name, value in own.items() if value is not None}
     if len(own) > MAX_TEMPLATE_KWARGS:
         raise Rejected("too_large", f"{len(own)} chat_template_kwargs, over {MAX_TEMPLATE_KWARGS}")
     if own.get("chat_template") is not None:

@@ -46,7 +46,8 @@ TIMESTAMP_FIELDS = ("timestamp", "startTime")
 # spend logs' `proxy_server_request` (an empty object when the proxy stores no prompts).
 REQUEST_FIELDS = ("request", "proxy_server_request")
 # The OpenAI Batch API's generation endpoints, and the kind of request each takes; a line's
-# `url` names one after an optional prefix (BATCH_URL_PREFIX) and before an optional query.
+# `url`'s path is the longest of them it ends in, after an optional prefix (BATCH_URL_PREFIX,
+# matched whole) and before an optional query.
 BATCH_ENDPOINTS = {"/chat/completions": "chat", "/responses": "chat", "/completions": "prompt"}
 # OpenAI's `/v1`; Azure OpenAI's `/openai/deployments/NAME` or `/openai/v1`, or none at all (its
 # documentation writes `/chat/completions`), its `?api-version=...` query after the path.
@@ -412,16 +413,15 @@ def _request(
     if batch and body is record:
         raise Rejected("unjoined_batch", f"a Batch output line holds no request: {BATCH_JOIN}")
     _check_outcome(record, response)
-    _check_one_sequence(record, body, response)
+    sent = chat.request_fields(record, body)
+    _check_one_sequence(sent, response)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
         budget = ContainerBudget(record_containers(options.max_record_bytes))
         fields["messages"], fields["tools"] = _chat(
-            body, _tools(record, body), options.drop_non_text_parts, budget
+            body, sent.get("tools"), options.drop_non_text_parts, budget
         )
-        fields["template_kwargs"] = (
-            chat.template_settings(chat.request_fields(record, body)) or None
-        )
+        fields["template_kwargs"] = chat.template_settings(sent) or None
     elif kind == "prompt":
         fields |= _prompt_fields(body.get("prompt"))
     elif kind == "tokens":
@@ -482,10 +482,13 @@ def _batch_kind(record: dict[str, Any]) -> str:
     if not isinstance(url, str):  # absent, or of a type its shape refuses next
         return _detect_kind(record["body"])
     path = url.partition("?")[0]
-    kind = BATCH_ENDPOINTS.get(path[BATCH_URL_PREFIX.match(path).end() :])
-    if kind is None:
+    # The longest endpoint first: `/openai/deployments/chat/completions` names no deployment
+    # before its chat endpoint, and is not read as a deployment `chat`'s prompt (a guess).
+    ends = [end for end in BATCH_ENDPOINTS if path.endswith(end)]
+    end = max(ends, key=len, default=None)
+    if end is None or not BATCH_URL_PREFIX.fullmatch(path[: -len(end)]):
         raise Rejected("unsupported_request", f"a Batch request to {url[:64]!r}: not a generation")
-    return kind
+    return BATCH_ENDPOINTS[end]
 
 
 def _check_outcome(record: dict[str, Any], response: dict | list | None) -> None:
@@ -530,28 +533,24 @@ MANY_SEQUENCES = ("n", "best_of")
 ECHO = "echo"
 
 
-def _check_one_sequence(
-    record: dict[str, Any], body: dict[str, Any], response: dict | list | None
-) -> None:
+def _check_one_sequence(sent: dict[str, Any], response: dict | list | None) -> None:
     """Refuse a request whose engine generates other than one sequence, the prompt not echoed:
-    by the request's own fields (or LiteLLM's model_parameters beside its chat), and by the
+    by the request's fields as the engine received them (chat.request_fields), and by the
     response's own evidence, which holds however the request was logged."""
-    parameters = record.get("model_parameters") if body is record else None
-    for holder in (body, parameters if isinstance(parameters, dict) else {}):
-        for name in MANY_SEQUENCES:
-            value = holder.get(name)
-            if _asked_number(value) > 1:
-                raise Rejected(
-                    "unsupported_request",
-                    f"{name} {str(value)[:32]}: more than one sequence generated, and a trace "
-                    "row holds one",
-                )
-        if holder.get(ECHO) is True:
+    for name in MANY_SEQUENCES:
+        value = sent.get(name)
+        if _asked_number(value) > 1:
             raise Rejected(
                 "unsupported_request",
-                f"{ECHO} true: the prompt sent back with what was generated, which a trace row "
-                "cannot tell apart",
+                f"{name} {str(value)[:32]}: more than one sequence generated, and a trace row "
+                "holds one",
             )
+    if sent.get(ECHO) is True:
+        raise Rejected(
+            "unsupported_request",
+            f"{ECHO} true: the prompt sent back with what was generated, which a trace row "
+            "cannot tell apart",
+        )
     indexes = _choice_indexes(response)
     if len(indexes) > 1:
         raise Rejected(
@@ -562,8 +561,9 @@ def _check_one_sequence(
 
 
 def _asked_number(value: Any) -> float:
-    """A sampling count as the engine's request model reads it: a number, or a string that
-    spells one (pydantic's lax mode); 0 for anything else, which asks no more sequences."""
+    """A sampling count: a number, or a string Python reads as a number (as pydantic's lax
+    mode reads one, near enough: a count over 1 either way refuses the record); 0 for anything
+    else, which asks no more sequences."""
     if type(value) in (int, float):
         return value
     if type(value) is str and len(value) <= 32:
@@ -585,14 +585,6 @@ def _choice_indexes(response: dict | list | None) -> set[int]:
             index = choice.get("index") if isinstance(choice, dict) else None
             indexes.add(place if index is None else index)
     return indexes
-
-
-def _tools(record: dict[str, Any], body: dict[str, Any]) -> list | None:
-    """A chat's tools; LiteLLM's standard logging payload keeps them in model_parameters."""
-    if body.get("tools") is not None or body is not record:
-        return body.get("tools")
-    parameters = record.get("model_parameters")
-    return parameters.get("tools") if isinstance(parameters, dict) else None
 
 
 def _detect_kind(body: dict[str, Any]) -> str:

@@ -27,11 +27,15 @@ before it is condensed.
 A Responses API stream is logged as its events (`response.created` ... `response.completed`),
 the response's time, output and usage inside an event's `response` object: final_response reads
 such a list as its final response object, so every reader reads it as the response logged
-whole.
+whole. A stream cut short holds no final output: its output items are rebuilt from the events
+(each delta into the part of the item it names), so chat.generated_text, the one reader of what
+a response generated, reads them as it reads a response logged whole (a reasoning item's
+content, else its summary).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 from kvtrace.transforms.errors import Rejected
@@ -58,18 +62,15 @@ TEXT_DELTA_FIELDS = dict.fromkeys(
 RESPONSES_EVENT_PREFIX = "response."
 # The event a Responses API stream ends in when it fails mid-way (its type has no prefix).
 ERROR_EVENT = "error"
-# The delta events that carry generated text, each counted as a Chat Completions chunk's delta of
-# the same text is (chat.message_pieces: reasoning, content, tool-call arguments).
-TEXT_DELTA_EVENTS = frozenset(
-    f"response.{kind}.delta"
-    for kind in (
-        "output_text",
-        "reasoning_text",
-        "reasoning_summary_text",
-        "refusal",
-        "function_call_arguments",
-    )
-)
+# The delta events that carry generated text, and where each goes in the output item it builds:
+# (the item's type, its field, the type of the part in that field, None for the field itself).
+DELTA_TARGETS = {
+    "response.output_text.delta": ("message", "content", "output_text"),
+    "response.refusal.delta": ("message", "content", "refusal"),
+    "response.reasoning_text.delta": ("reasoning", "content", "reasoning_text"),
+    "response.reasoning_summary_text.delta": ("reasoning", "summary", "summary_text"),
+    "response.function_call_arguments.delta": ("function_call", "arguments", None),
+}
 # The event that opens an output item: a function call's name is generated there, not in a delta.
 ITEM_ADDED_EVENT = "response.output_item.added"
 
@@ -77,8 +78,8 @@ ITEM_ADDED_EVENT = "response.output_item.added"
 def final_response(response: Any) -> Any:
     """A Responses API stream logged as its events (each an object whose `type` is ERROR_EVENT
     or starts with RESPONSES_EVENT_PREFIX) as its final response: the last event's `response`
-    object, held to the response's shape, its output what the events generated, merged, when no
-    such object holds any; an error event's code and message as its `error` (a failed call, as
+    object, held to the response's shape, its output the items the events built (_built_output)
+    when no such object holds any; an error event's code and message as its `error` (a failed call, as
     a chat stream's error chunk is: records._check_outcome); any other response as it is."""
     if type(response) is not list or not response or not all(map(_is_event, response)):
         return response
@@ -96,15 +97,8 @@ def final_response(response: Any) -> Any:
         return {**final, "error": {"code": error.get("code"), "message": error.get("message")}}
     if final.get("output"):
         return final
-    texts = [
-        text
-        for index, event in enumerate(response)
-        if (text := _generated(event, (path, index))) is not None
-    ]
-    if not texts:
-        return final
-    item = {"type": "message", "content": [{"type": "output_text", "text": "".join(texts)}]}
-    return {**final, "output": [item]}
+    output = _built_output(response, path)
+    return {**final, "output": output} if output else final
 
 
 def _is_event(event: Any) -> bool:
@@ -112,19 +106,59 @@ def _is_event(event: Any) -> bool:
     return type(kind) is str and (kind == ERROR_EVENT or kind.startswith(RESPONSES_EVENT_PREFIX))
 
 
-def _generated(event: dict[str, Any], path: Path) -> str | None:
-    """The text an event generated: a text delta's, a function call's name as its item opens;
-    None from any other event."""
-    kind = event["type"]
-    if kind == ITEM_ADDED_EVENT:
-        item = event.get("item")
-        if type(item) is not dict or item.get("type") != "function_call":
-            return None
-        path, name, value = (path, "item"), "name", item.get("name")
-    elif kind in TEXT_DELTA_EVENTS:
-        name, value = "delta", event.get("delta")
-    else:
-        return None
+def _built_output(events: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """The output items a stream's events built, as a final response holds them, in the order
+    they opened: each text delta's text joined into the part it names (DELTA_TARGETS; its
+    content_index or summary_index, 0 if none) of the item it names (its output_index, else
+    its item_id, else the one item of its type that names neither), a function call's name
+    from the event that opened it; none when no event generated anything."""
+    items: dict[tuple[Any, str], dict[str, Any]] = {}
+    # (item, field) -> part key -> pieces; a function call's arguments under the key None
+    pieces: dict[tuple[tuple[Any, str], str], dict[Any, list[str]]] = defaultdict(dict)
+    indexes: dict[str, int] = {}  # an item_id's output_index, where an event gave both
+    for index, event in enumerate(events):
+        kind, where = event["type"], (path, index)
+        if kind == ITEM_ADDED_EVENT:
+            item = event.get("item")
+            if type(item) is not dict or item.get("type") != "function_call":
+                continue
+            name = _text(item.get("name"), (where, "item"), "name")
+            _item(items, _key(event, item.get("id"), indexes), "function_call")["name"] = name
+        elif (target := DELTA_TARGETS.get(kind)) is not None:
+            text = _text(event.get("delta"), where, "delta")
+            item_type, field, part_type = target
+            key = (_key(event, event.get("item_id"), indexes), item_type)
+            _item(items, key[0], item_type)
+            part = event.get("summary_index" if field == "summary" else "content_index")
+            part_key = None if part_type is None else (part if type(part) is int else 0, part_type)
+            pieces[key, field].setdefault(part_key, []).append(text)
+    for (key, field), parts in pieces.items():
+        if field == "arguments":
+            items[key][field] = "".join(parts[None])
+            continue
+        items[key][field] = [
+            {"type": part_type, "refusal" if part_type == "refusal" else "text": "".join(texts)}
+            for (_, part_type), texts in parts.items()
+        ]
+    return list(items.values())
+
+
+def _key(event: dict[str, Any], item_id: Any, indexes: dict[str, int]) -> Any:
+    """Which output item an event names: its output_index, else its item's id (the index an
+    earlier event gave that id, if any), else None."""
+    index = event.get("output_index")
+    if type(index) is int:
+        if type(item_id) is str:
+            indexes[item_id] = index
+        return index
+    return indexes.get(item_id, item_id) if type(item_id) is str else None
+
+
+def _item(items: dict[tuple[Any, str], dict[str, Any]], key: Any, kind: str) -> dict[str, Any]:
+    return items.setdefault((key, kind), {"type": kind})
+
+
+def _text(value: Any, path: Path, name: str) -> str:
     if type(value) is not str:
         raise Rejected("wrong_type", f"{spelled((path, name))} is {type_name(value)}, not a string")
     return value

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvtrace.transforms import storage
+from kvtrace.transforms.dead_letters import NEVER_SERVED
 from kvtrace.transforms.encode.captures import BLOCK_SIZE_MISMATCH
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.trace_format import (
@@ -61,16 +62,22 @@ class RecordCounts:
     # (reason, count) of the rejected records, commonest first: the operator's summary says them.
     reasons: tuple[tuple[str, int], ...] = ()
     input_files: int = 0  # the files read (expanded --input): said when none held a record
+    unserved_bytes: int = 0  # the part of lost_bytes of records the engine never served
 
     def rejected_fraction(self) -> float:
         """The larger of the records rejected and the input bytes lost, at most all of them (a
         compressed file's lost lines weigh their share of its decoded bytes, placed in stored
         bytes by the whole file's share, each rounded up: what one line compressed to depends
         on its neighbours and order, its decoded bytes do not; --max-rejected-fraction 1 is
-        no bound)."""
-        records = self.rejected / self.read if self.read else 0.0
-        lost = min(self.lost_bytes / self.input_bytes, 1.0) if self.input_bytes else 0.0
-        return max(records, lost)
+        no bound), among the records the engine served: a gateway's cache hit is none of its
+        input lost (dead_letters.NEVER_SERVED), so neither it nor its bytes count on either
+        side."""
+        unserved = sum(count for reason, count in self.reasons if reason in NEVER_SERVED)
+        served, refused = self.read - unserved, self.rejected - unserved
+        records = refused / served if served > 0 else 0.0
+        weighed = self.input_bytes - self.unserved_bytes
+        lost = self.lost_bytes - self.unserved_bytes
+        return max(records, min(lost / weighed, 1.0) if weighed > 0 else 0.0)
 
 
 def check_rejected_fraction(

@@ -87,6 +87,16 @@ def test_an_output_message_item_is_its_text():
     assert messages(responses(output))[1] == {"role": "assistant", "content": "Sunny."}
 
 
+def test_an_output_message_is_its_first_parts_text_as_the_engine_builds_it():
+    """A previous response's output message replayed (its `id` and `status` say so) is read
+    from its first content part only; an input message of the same parts joins them all."""
+    parts = [*text_parts("output_text", "Sunny."), *text_parts("output_text", " Warm.")]
+    output = {"type": "message", "id": "m", "role": "assistant", "status": "completed"}
+    assert messages(responses({**output, "content": parts}))[1]["content"] == "Sunny."
+    own = {"type": "message", "role": "assistant", "content": parts}
+    assert messages(responses(own))[1]["content"] == "Sunny.\n Warm."
+
+
 def test_an_item_of_an_unknown_type_is_a_letter_naming_it():
     assert letter(responses({"type": "web_search_call", "id": "ws_1"})) == (
         "unsupported_content",

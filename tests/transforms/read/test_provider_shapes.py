@@ -339,6 +339,25 @@ def test_an_unknown_batch_endpoint_is_refused_naming_its_path(url):
     assert url[:20] in caught.message and len(caught.message) < 120
 
 
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [
+        ("/openai/deployments/chat/completions", None),  # no deployment before its endpoint
+        ("/openai/deployments/chat/chat/completions", "chat"),
+        ("/openai/deployments/x/completions", "prompt"),
+    ],
+)
+def test_a_batch_path_is_read_whole_by_the_longest_endpoint_it_ends_in(url, kind):
+    """Never the prefix first and whatever follows: a chat path short of its deployment is not
+    read as a deployment named `chat` asked for a completion (reviewer, round 22)."""
+    body = {"model": "m", "prompt": "Once upon"} if kind == "prompt" else BATCH_JOINED["body"]
+    line = {**BATCH_JOINED, "url": url, "body": body}
+    if kind is None:
+        assert rejection(line).reason == "unsupported_request"
+    else:
+        assert parse(line).kind == kind
+
+
 def test_a_responses_api_batch_line_is_timed_by_its_created_at():
     line = {
         "custom_id": "r2",

@@ -793,8 +793,8 @@ def test_without_nulls_reaches_every_level():
 
 
 def test_a_null_inside_a_free_form_value_is_kept_and_a_model_fields_is_dropped():
-    """A tool's schema, a tool call's input and template variables are handed on as sent (the
-    template writes their nulls out); every model field's null still reads as absent (round 22)."""
+    """A tool's schema, a tool call's input and template variables' values are handed on as sent
+    (the template writes their nulls out); every model field's null still reads as absent."""
     schema = {"type": "object", "properties": {"unit": {"default": None}}}
     call = {"type": "tool_use", "id": "t", "name": "f", "input": {"unit": None}}
     record = {
@@ -802,13 +802,14 @@ def test_a_null_inside_a_free_form_value_is_kept_and_a_model_fields_is_dropped()
         "max_tokens": 5,
         "tools": [{"name": "f", "input_schema": schema, "description": None}],
         "messages": [*USER, {"role": "assistant", "content": [call], "name": None}],
-        "chat_template_kwargs": {"enable_thinking": None},
+        "chat_template_kwargs": {"enable_thinking": None, "opts": {"a": None}},
         **TS,
     }
     request = parse(record)
     assert request.tools[0]["function"]["parameters"] == schema
     assert request.messages[1]["tool_calls"][0]["function"]["arguments"] == {"unit": None}
-    assert request.template_kwargs == {"enable_thinking": None}
+    # Free-form below its top level only: a null kwarg reads as unset (as from Parquet).
+    assert request.template_kwargs == {"opts": {"a": None}}
     assert "name" not in request.messages[1]
 
 
@@ -826,15 +827,18 @@ def test_without_nulls_of_no_free_form_fields_drops_them_all():
 
 
 @pytest.mark.parametrize("parameters", [{"n": 2}, {"best_of": 3}, {"n": 2.0}, {"echo": True}])
-@pytest.mark.parametrize("where", ["top", "request", "model_parameters"])
+@pytest.mark.parametrize("where", ["top", "request", "model_parameters", "extra_body"])
 def test_a_request_of_many_sequences_or_an_echo_is_unsupported(parameters, where):
-    """A trace row holds one generated length: wherever the request says it, refused."""
+    """A trace row holds one generated length: wherever the request says it, refused (LiteLLM's
+    extra_body too: the fields as the engine received them, chat.request_fields)."""
     if where == "top":
         record = {"messages": USER, **TS, **parameters}
     elif where == "request":
         record = {"request": {"prompt": "hi", **parameters}, **TS}
-    else:
+    elif where == "model_parameters":
         record = {"messages": USER, **TS, "model_parameters": parameters}
+    else:
+        record = {"messages": USER, **TS, "model_parameters": {"extra_body": parameters}}
     with pytest.raises(Rejected) as caught:
         parse(record)
     assert caught.value.reason == "unsupported_request"

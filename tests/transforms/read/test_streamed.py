@@ -326,3 +326,50 @@ def test_a_function_calls_name_counts_where_its_item_opens() -> None:
         "wrong_type",
         "response[1].item.name is an integer, not a string",
     )
+
+
+def test_a_responses_stream_of_events_generates_what_the_same_response_logged_whole_does() -> None:
+    """One statement of what a response generated: the items rebuilt from a stream's events
+    (by output_index, else item_id) are read as the response logged whole is, a reasoning
+    item's content, else its summary, never both (reviewer, round 22)."""
+    reasoning = {
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": "sum"}],
+        "content": [{"type": "reasoning_text", "text": "raw"}],
+    }
+    answer = {"type": "message", "content": [{"type": "output_text", "text": "ans"}]}
+    whole = read_value(record({"created_at": CREATED_AT, "output": [reasoning, answer]}))
+    delta = "response.{}.delta".format
+    events = [
+        {"type": "response.created", "response": {"created_at": CREATED_AT}},
+        {"type": delta("reasoning_summary_text"), "output_index": 0, "delta": "sum"},
+        {"type": delta("reasoning_text"), "output_index": 0, "delta": "r"},
+        {"type": delta("output_text"), "item_id": "m", "output_index": 1, "delta": "an"},
+        {"type": delta("reasoning_text"), "output_index": 0, "delta": "aw"},
+        {"type": delta("output_text"), "item_id": "m", "delta": "s"},  # its index said before
+    ]
+    streamed = read_value(record(events))
+    assert isinstance(whole, Request) and isinstance(streamed, Request)
+    assert streamed.output_text == whole.output_text == "rawans"
+    assert final_response(events)["output"] == [
+        {
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": "sum"}],
+            "content": [{"type": "reasoning_text", "text": "raw"}],
+        },
+        answer,
+    ]
+    # A summary alone is what the item generated, as from the whole response.
+    summary_only = [event for event in events if "reasoning_text" not in event["type"]]
+    assert read_value(record(summary_only)).output_text == "sumans"
+
+
+def test_a_refusal_part_is_generated_text_streamed_or_whole() -> None:
+    refusal = {"type": "message", "content": [{"type": "refusal", "refusal": "No."}]}
+    whole = read_value(record({"created_at": CREATED_AT, "output": [refusal]}))
+    events = [
+        {"type": "response.created", "response": {"created_at": CREATED_AT}},
+        {"type": "response.refusal.delta", "output_index": 0, "delta": "No."},
+    ]
+    assert final_response(events)["output"] == [refusal]
+    assert whole.output_text == read_value(record(events)).output_text == "No."

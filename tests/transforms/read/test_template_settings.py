@@ -129,3 +129,33 @@ def test_a_gateways_extra_body_not_an_object_is_a_letter():
     with pytest.raises(Rejected) as caught:
         request_fields(payload, payload)
     assert caught.value.reason == "wrong_type"
+
+
+@pytest.mark.parametrize("name", ["enable_thinking", "tools", "add_generation_prompt"])
+def test_a_null_kwarg_is_unset_and_a_null_inside_one_is_its_value(name):
+    """Free-form only below its top level: a null kwarg reads as absent, as a Parquet row
+    (which cannot tell the two apart) reads it; a null inside a kwarg's value stays."""
+    body = {"add_generation_prompt": True, "chat_template_kwargs": {name: None, "x": [None]}}
+    assert template_settings(body) == {"add_generation_prompt": True, "x": [None]}
+
+
+def test_a_null_kwarg_reads_alike_from_jsonl_and_its_parquet_twin(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from helpers import records_of
+    from kvtrace.transforms.read.sources import FileRange, parse_one
+
+    rows = [
+        {"timestamp": 0, "messages": MESSAGES, "chat_template_kwargs": {"tools": None, "a": 1}},
+        {"timestamp": 1, "messages": MESSAGES, "chat_template_kwargs": {"tools": None, "a": 2}},
+    ]
+    jsonl = [parse_one("t", json.dumps(row).encode(), ParseOptions()) for row in rows]
+    path = tmp_path / "twin.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    parquet = [
+        parse_one("t", row, ParseOptions())
+        for _, row in records_of(FileRange(str(path), 0, None), 1 << 20)
+    ]
+    assert [r.template_kwargs for r in jsonl] == [r.template_kwargs for r in parquet]
+    assert [r.template_kwargs for r in jsonl] == [{"a": 1}, {"a": 2}]

@@ -56,3 +56,17 @@ def test_the_message_is_one_line_with_reasons_by_count_then_name():
 def test_lost_bytes_are_said_when_a_damaged_file_is_what_tipped_it():
     with pytest.raises(JobStopped, match="1 of 3 records, 80 of 100 input bytes became no record"):
         check_rejected_fraction(RecordCounts(3, 1, 80, 100), 0.5, {"damaged_file": 1})
+
+
+def test_records_the_engine_never_served_are_not_held_against_the_bound():
+    """A gateway's cache hits are counted, not judged: the bound weighs what the engine served
+    (half of it rejected here, 9 of 10 records rejected in all) and the bytes it read."""
+    hits = (("gateway_cache_hit", 8), ("invalid_json", 1))
+    counts = RecordCounts(10, 9, 90, 100, hits, unserved_bytes=80)
+    assert counts.rejected_fraction() == 0.5
+    assert check_rejected_fraction(counts, 0.5, dict(hits)) is counts
+    with pytest.raises(JobStopped, match="50.0% > --max-rejected-fraction 0.4"):
+        check_rejected_fraction(counts, 0.4, dict(hits))
+    # A night of nothing but cache hits still publishes nothing: no record to export.
+    with pytest.raises(JobStopped, match="every record rejected"):
+        check_rejected_fraction(RecordCounts(2, 2, reasons=(("gateway_cache_hit", 2),)), 1.0)
