@@ -212,7 +212,8 @@ def _holds_only(value: dict[str, Any], fields: dict[str, Any]) -> bool:
 
 
 def _merged(texts: list[str | None]) -> list[dict[str, Any]]:
-    """The chunk a run merges into, holding what it generated joined; none if it generated
-    nothing (not even an empty text)."""
+    """The chunk a run merges into, holding what it generated joined (an empty delta if it
+    generated nothing, not even an empty text): kept, as the first sequence's chunk it is, so
+    the response's sequences are counted as its whole list counts them."""
     pieces = [text for text in texts if text is not None]
-    return [{"choices": [{"delta": {"content": "".join(pieces)}}]}] if pieces else []
+    return [{"choices": [{"delta": {"content": "".join(pieces)} if pieces else {}}]}]

@@ -142,11 +142,19 @@ def test_runs_merge_in_order_around_kept_chunks() -> None:
         {"choices": [{"delta": {"content": "br"}}]},
         chunks[3],
         {"choices": [{"delta": {"content": "c"}}]},
-        chunks[6],  # a run that generated nothing leaves no chunk
+        chunks[6],
+        {"choices": [{"delta": {}}]},  # a run that generated nothing: its sequence still seen
     ]
     request = assert_reads_as_whole(record(chunks, timestamp=None))
     assert isinstance(request, Request)
     assert request.output_length == 7 and request.timestamp_ms == 1_767_225_600_000
+
+
+def test_a_run_that_generated_nothing_still_counts_its_sequence() -> None:
+    """Another sequence's chunk, then the first's generating nothing: two sequences, merged or
+    whole (hypothesis found the merged reading exporting it: the empty run left no chunk)."""
+    got = assert_reads_as_whole(record([text_chunk("other", index=1), text_chunk(None)]))
+    assert got[0] == "unsupported_request"
 
 
 def test_generated_text_is_the_whole_streams() -> None:
