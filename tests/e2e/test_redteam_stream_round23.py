@@ -1,0 +1,131 @@
+"""Red team round 23, the streaming pipeline: reproducers of holes in its promises (the zero's
+epoch never published; a stray clock's request never the zero; requests produced in order
+never late), run on Beam's DirectRunner with a TestStream (its source's clock: the watermark)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import STREAM_START_MS, stream_counts
+
+HOUR = 3_600_000
+DAY = 24 * HOUR
+RESET_MS = 946_684_800_000  # 2000-01-01T00:00:00Z: where a reset clock starts
+SALT = "a-streaming-test-salt-0123456789abcdef"
+
+pytestmark = pytest.mark.slow
+
+
+def published_times(output: Path) -> list[int]:
+    """Every published row's timestamp (ms from the trace's zero), across the stream's windows."""
+    return sorted(
+        json.loads(line)["timestamp"]
+        for path in output.glob("window-*/trace-*.jsonl")
+        for line in path.read_text().splitlines()
+    )
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 23")
+def test_a_reset_clocks_request_first_in_a_quiet_stream_never_becomes_the_zero(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: the zero's epoch is never published, and a stray clock's request is a dead
+    letter, never the zero (docs/STREAMING.md, Windows from the zero; the batch job's rule,
+    read/timestamps.plausible_days: a timestamp more than 7 days from the bulk is no request of
+    the input). The first window is judged only against what came before it: one request from
+    a reset clock (2000-01-01T00:00:00Z) first, then a quiet window plus the idle time, and it is
+    the bulk, the first window, the zero. The real requests that follow are the bulk from then on
+    (so plausible) and are published from that zero: each row's timestamp is its epoch time
+    minus 2000-01-01 exactly, every later request's wall-clock time published, and `kvtrace
+    audit` passes the folder (checked by hand: "stream verdict: publishable"). The batch job
+    of the same records letters the reset and counts from the first real request."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import message, run_stream, stream_chat, streaming_config
+
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    reset = stream_chat(RESET_MS, 0)
+    real = [stream_chat(STREAM_START_MS + 1000 * i, 1 + i) for i in range(5)]
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    quiet = int(time.time()) + 300  # the source's clock (s): a window and its idle time later
+    stream = (
+        TestStream()
+        .add_elements([message(reset)])
+        .advance_watermark_to(quiet)
+        .add_elements([message(r) for r in real])
+        .advance_watermark_to_infinity()
+    )
+    run_stream(config, stream)
+    times = published_times(Path(config.job.output))
+    # As the batch job publishes them: no row a clock gap (over 7 days) from the one before it.
+    assert max(b - a for a, b in zip(times, times[1:])) <= 7 * DAY, times
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 23")
+def test_one_relative_time_first_in_a_quiet_stream_does_not_letter_every_request_after_it(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: every request exported or a dead letter for what is wrong with it, as the
+    batch job judges it. Same cause as above, the other kind of time: one message with
+    "timestamp": 0 (a client's default, a relative time) first, then a quiet window, fixes the
+    stream's kind of time as relative (docs/STREAMING.md: "from then on a request of the other
+    kind ... is a dead letter, timestamp_kind_mismatch"): every real request the stream reads
+    afterwards, forever, is a letter, and nothing more is published. The batch job of the same
+    records exports the 5 real requests and letters the one."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import message, run_stream, stream_chat, streaming_config
+
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    stray = stream_chat(0, 0)
+    real = [stream_chat(STREAM_START_MS + 1000 * i, 1 + i) for i in range(5)]
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    quiet = int(time.time()) + 300
+    stream = (
+        TestStream()
+        .add_elements([message(stray)])
+        .advance_watermark_to(quiet)
+        .add_elements([message(r) for r in real])
+        .advance_watermark_to_infinity()
+    )
+    run_stream(config, stream)
+    assert stream_counts(tmp_path / "stream-rejected")["exported"] >= 5
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 23")
+def test_two_requests_hours_ahead_do_not_make_the_streams_next_requests_late(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: requests produced in order are never late (docs/STREAMING.md, Event time).
+    Round 22's fix (Progress.latest_ms) holds the clock for one request more than a window
+    ahead, alone in its window, until a second witness: a producer logging in local time (9
+    hours ahead) writes more than one line, and its second line is that witness. Its two
+    requests move the stream's clock 9 hours on, window 0 closes as soon as the watermark
+    passes, and a request of window 0 produced a moment later is a `late` letter. The batch
+    job exports all 6 requests."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import message, run_stream, stream_chat, streaming_config
+
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    first = [stream_chat(STREAM_START_MS + 10_000 * i, i) for i in range(3)]
+    ahead = [stream_chat(STREAM_START_MS + 9 * HOUR + 1000 * i, 3 + i) for i in range(2)]
+    after = stream_chat(STREAM_START_MS + 30_000, 5)  # window 0, produced after `ahead`
+    config = streaming_config(tmp_path, tiny_tokenizer, lateness_ms=5_000, idle_ms=HOUR)
+    arrived = int(time.time()) + 120  # the source's clock: past every arrival so far
+    stream = (
+        TestStream()
+        .add_elements([message(r) for r in first + ahead])
+        .advance_watermark_to(arrived)
+        .add_elements([message(after)])
+        .advance_watermark_to_infinity()
+    )
+    run_stream(config, stream)
+    assert stream_counts(tmp_path / "stream-rejected") == {"read": 6, "exported": 6, "rejected": 0}
