@@ -129,3 +129,52 @@ def test_two_requests_hours_ahead_do_not_make_the_streams_next_requests_late(
     )
     run_stream(config, stream)
     assert stream_counts(tmp_path / "stream-rejected") == {"read": 6, "exported": 6, "rejected": 0}
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 23")
+def test_a_batch_night_never_replaces_a_streams_published_window(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
+    """Promise: nothing lost (a window published stays as published: a published record is
+    never silently replaced), and nothing is written inside a command's output folder
+    (publish._check_not_in_an_output: a night inside a night's output is refused). A stream's
+    folder carries no manifest and no output mark (anonymize_streaming.make_stream_folder), so
+    it is no command's output to the plan: a batch night given --output STREAM/window-000001 (a
+    re-run of an hour, a typo) finds an earlier kvtrace output there and replaces it whole,
+    saying it succeeded, while the stream holds only its own folder's lock. The stream's
+    published records of that window are gone (their messages acked long ago; its run counts
+    still say exported), its ids now another run's; the folder is left NOT publishable (the
+    audit flags it), and a window the night adds ahead of the stream is one the stream
+    replaces or is refused by next."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import message, run_stream, stream_chat, streaming_config, write_jsonl
+    from kvtrace.cli import main
+
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    records = [stream_chat(STREAM_START_MS + 20_000 * i, i) for i in range(6)]  # two minutes
+    run_stream(
+        config,
+        TestStream().add_elements([message(r) for r in records]).advance_watermark_to_infinity(),
+    )
+    window = Path(config.job.output) / "window-000001"
+    before = (window / "manifest.json").read_bytes()
+    night = tmp_path / "night.jsonl"
+    write_jsonl(night, [stream_chat(STREAM_START_MS + i, 10 + i) for i in range(3)])
+    code = main(
+        [
+            "anonymize",
+            "--input",
+            str(night),
+            "--output",
+            str(window),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+        ]
+    )
+    assert (window / "manifest.json").read_bytes() == before
+    assert code == 2 and "lies inside" in capsys.readouterr().err
