@@ -178,3 +178,32 @@ def test_a_batch_night_never_replaces_a_streams_published_window(
     )
     assert (window / "manifest.json").read_bytes() == before
     assert code == 2 and "lies inside" in capsys.readouterr().err
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 23")
+def test_a_stream_quiet_for_over_a_week_publishes_its_next_windows_at_their_deadlines(tmp_path):
+    """Promise: once the watermark passes a window's end plus the allowed lateness (or the idle
+    rule's time after it) the window is published whole (docs/STREAMING.md, first paragraph),
+    its requests published or dead letters, never held on. The stream's clock is its latest
+    request within the bulk of its input (Progress.latest_ms, plausible_days over everything
+    published): after a quiet spell of more than MAX_GAP_DAYS (a service down over a holiday),
+    the requests that follow are outside the bulk until they outnumber every request the stream
+    ever published, so they never move the clock, and the idle rule counts from the bulk's
+    latest request, 8 days back: no window after the gap is due, whatever the watermark. A
+    stream that ran a month holds a month of new requests in its state (a runner's memory,
+    lost to a hard kill, as BOUNDS says of open windows) before it publishes again. Here 6
+    requests were published, 4 came 8 days later, one of them past their window's deadline,
+    and an hour of the source's clock later their window is still not due."""
+    from helpers import MINUTE, streaming_config
+    from kvtrace.pipelines.anonymize_streaming import Progress
+
+    config = streaming_config(tmp_path, "x")
+    now = 1_800_000_000_000  # the source's clock
+    progress = Progress()
+    progress.saw(config, 0, [10_000 + i for i in range(6)], now)
+    progress.publish(0)
+    after = 8 * DAY  # the window after the quiet spell
+    progress.saw(config, after, [after + 1, after + 2, after + 3], now + 1)
+    progress.saw(config, after + 2 * MINUTE, [after + 2 * MINUTE], now + 2)  # past its deadline
+    assert after in progress.due(config, now + HOUR)
