@@ -1,6 +1,8 @@
 """Red team round 23, the streaming pipeline: reproducers of holes in its promises (the zero's
-epoch never published; a stray clock's request never the zero; requests produced in order
-never late), run on Beam's DirectRunner with a TestStream (its source's clock: the watermark)."""
+epoch never published and a stray clock's request never the zero; requests produced in order
+never late; a window published once its deadline passes; a published window never replaced),
+run on Beam's DirectRunner with a TestStream (its source's clock: the watermark), through the
+CLI, or on the stream's clock itself (Progress)"""
 
 from __future__ import annotations
 
