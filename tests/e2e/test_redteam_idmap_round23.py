@@ -69,3 +69,56 @@ def test_a_beam_nights_staged_record_damaged_short_of_its_files_commits_nothing(
     assert "Traceback" not in said.stderr
     assert not (tmp_path / "map" / "versions" / "000003.json").exists()
     assert not (tmp_path / "out2").exists()
+
+
+def _another_night_after_the_checks(night: list[str]) -> str:
+    """A prelude: a second run of the night on the same map, run to its end just after this
+    run's last check before its segments settle (id_map.check_carried_files), as a cron
+    started twice would interleave: deterministic, no timing."""
+    return f"""
+import subprocess, sys
+import kvtrace.transforms.ids.id_map as id_map
+_check = id_map.check_carried_files
+def _then_another_night(*args, **kwargs):
+    _check(*args, **kwargs)
+    subprocess.run([sys.executable, "-m", "kvtrace.cli", *{night!r}], capture_output=True)
+id_map.check_carried_files = _then_another_night
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 23")
+def test_a_night_whose_run_folder_a_winning_run_cleaned_is_told_it_lost_the_race(
+    tiny_tokenizer, tmp_path
+):
+    """Promise (docs/ID_MAP.md, Rollback: 'Before a night commits, it first checks that no
+    other run extended the map since it read it (that loser is told so: run the night again,
+    one run per map at a time)'; brief: bad input or state gets a one-line error that says
+    what happened). The same night started twice on one map (a cron run twice): the second
+    run commits version 3 between the first's checks and its segments settling, and its
+    cleanup (id_map.discard_abandoned: every folder of a version decided, 3, that the version
+    does not list) deletes the first run's own segment folder, which is still live. The first
+    then fails renaming its files: 'error: the job failed: [Errno 2] No such file or
+    directory: .../segments/000003-RUNID/blocks-00000.parquet -> ...', on either engine: an
+    error of the system, not the race it lost, and no word that the map is whole and the
+    night was published by the other run."""
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
+    source = map_night(tmp_path, 2)
+    twice = source.with_name("night2-again.jsonl")
+    twice.write_bytes(source.read_bytes())
+    shared = ["--tokenizer", tiny_tokenizer, "--block-size", "4", "--quiet", *common]
+    other = ["anonymize", "--input", str(twice), "--output", str(tmp_path / "out2b"), *shared]
+    said = kvtrace_child(
+        "anonymize",
+        "--input",
+        str(source),
+        "--output",
+        str(tmp_path / "out2"),
+        *shared,
+        prelude=_another_night_after_the_checks(other),
+        timeout=120,
+    )
+    assert (tmp_path / "out2b" / "manifest.json").exists()  # the other run won
+    errors = [line for line in said.stderr.splitlines() if line.startswith("error:")]
+    assert said.returncode != 0 and len(errors) == 1, said.stderr[-2000:]
+    assert "extended by another run" in errors[0], errors[0]
+    assert not (tmp_path / "out2").exists()
