@@ -7,9 +7,12 @@ of kvtrace's own functions wrapped, so nothing depends on timing."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
 
-from helpers import kvtrace_child, map_night, map_of_nights
+from helpers import KVTRACE, kvtrace_child, map_night, map_of_nights
 
 pytestmark = pytest.mark.slow
 
@@ -122,3 +125,41 @@ def test_a_night_whose_run_folder_a_winning_run_cleaned_is_told_it_lost_the_race
     assert said.returncode != 0 and len(errors) == 1, said.stderr[-2000:]
     assert "extended by another run" in errors[0], errors[0]
     assert not (tmp_path / "out2").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 23")
+def test_two_segment_files_of_one_size_swapped_are_not_carried_into_the_next_version(
+    tiny_tokenizer, tmp_path
+):
+    """Promise (docs/ID_MAP.md, 'What this gives': 'A file damaged in place (its size kept) is
+    refused before a commit lists it again'; round 22's reproducer names 'a segment file
+    swapped with another of the same size' among what its fix refuses). The carried-files
+    check (id_map.check_carried_files -> segments.check_listed) reads each file's index by its
+    sha256 and its footer by the record's footer_sha256. A segment's footer describes only its
+    layout (row groups' places and sizes, the schema): no byte of it depends on the rows, so
+    two files of one row count and size have the same footer, byte for byte (this map's
+    version 1 lists blocks-00046 and blocks-00062, 821 bytes each, one footer_sha256). Swapped
+    (by a bad restore, a misdirected copy, or any writer of the map's files), both pass the
+    check: the next night commits version 3 listing both under their old checksums, each
+    holding the other shard's keys. The damage is found only by the first night whose keys
+    reach one of those shards, or the next folding night, up to 32 nights later: the window
+    round 22 closed for one damaged footer stays open for a swap."""
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
+    record = json.loads((tmp_path / "map" / "versions" / "000002.json").read_bytes())
+    by_shape: dict[tuple[int, str], list[str]] = {}
+    for name, sums in sorted(record["checksums"].items()):
+        if name.endswith(".parquet"):
+            by_shape.setdefault((sums["bytes"], sums["footer_sha256"]), []).append(name)
+    twins = max(by_shape.values(), key=len)  # 7 files of 821 bytes: 00046 and 00062 first
+    first, second = (tmp_path / "map" / name for name in twins[:2])
+    first_bytes, second_bytes = first.read_bytes(), second.read_bytes()
+    assert first_bytes != second_bytes
+    first.write_bytes(second_bytes)
+    second.write_bytes(first_bytes)
+    night = [*KVTRACE, "anonymize", "--input", str(map_night(tmp_path, 2))]
+    night += ["--tokenizer", tiny_tokenizer, "--block-size", "4"]
+    night += ["--output", str(tmp_path / "out2"), "--quiet", *common]
+    said = subprocess.run(night, capture_output=True, text=True, timeout=120, check=False)
+    assert said.returncode != 0, said.stderr[-2000:]
+    assert first.name in said.stderr or second.name in said.stderr, said.stderr[-2000:]
+    assert not (tmp_path / "map" / "versions" / "000003.json").exists()
