@@ -1,9 +1,9 @@
 """Red team round 23, damaged id maps: reproducers of holes left after the twenty-second round's
 fixes. Each asserts the promised behaviour, so each fails until it is fixed.
 
-A fault in a Beam night's staged record is injected as a record damaged on its way back from
-the job would be (a prelude run in the CLI's process, which the launcher is forked from): one
-of kvtrace's own functions wrapped, so nothing depends on timing."""
+Faults are injected by a prelude run in the CLI's process (a Beam night's launcher is forked
+from it) that wraps one of kvtrace's own functions: a staged record damaged on its way back
+from the job, a second run of the night at a chosen step. Nothing depends on timing."""
 
 from __future__ import annotations
 
