@@ -94,13 +94,23 @@ from kvtrace.transforms.ids.id_shards import DEFAULT_ID_SHARDS, placed, window_p
 from kvtrace.transforms.ids.steps import QUERY, NumberNew, SeenShard, ShardStore
 from kvtrace.transforms.read.steps import parse_records
 from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
-from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, parse_json, window_name
+from kvtrace.transforms.trace_format import (
+    STREAM_TOTALS,
+    canonical_json,
+    parse_json,
+    window_index,
+    window_name,
+)
 from kvtrace.transforms.write.coarsen import Coarsening, published_requests, round_to
 from kvtrace.transforms.write.manifest import RUN_COUNTS, set_content_times
 from kvtrace.transforms.write.publish import (
+    STREAM_WRITER,
     DeadLetterRun,
+    OutputRefused,
     check_inherited,
+    claimed_by,
     make_staging,
+    mark_output,
     output_key,
 )
 from kvtrace.transforms.write.shards import block_hashes_staging
@@ -765,6 +775,7 @@ class WriteWindows(beam.DoFn):
         attempt: a retried or restored one starts again from nothing."""
         job = self._config.job
         output = storage.join(job.output, plan.name)
+        claim_window(job.output, plan.name)
         # The window's letters are a run of the batch job's protocol, named by the stream and
         # the window: a window published again after a restart replaces its letters as it
         # replaces its folder, another stream's never.
@@ -802,6 +813,25 @@ class WriteWindows(beam.DoFn):
         progress.rejected += plan.read - exported  # each exported or a letter
         write_cumulative(self._config, progress)
         return manifest
+
+
+def claim_window(folder: str, name: str) -> None:
+    """The stream's folder's mark names a window before it is published there, so a folder
+    standing at a window's name is replaced only where the stream claimed that name already
+    (an attempt at the window, retried or restored, after the claim), never one it did not
+    write (made there around the mark, or before it): a one-line stop, nothing replaced."""
+    if storage.is_url(folder):  # unmarked (make_stream_folder): nothing tells its windows
+        return
+    claimed = window_index(claimed_by(folder, STREAM_WRITER))
+    place = storage.join(folder, name)
+    own = claimed is not None and claimed >= window_index(name)
+    if not own and os.path.lexists(place):
+        raise OutputRefused(
+            f"{place} stands at the stream's next window's name, and the stream did not write "
+            f"it: a stream replaces only its own windows; move it out of {folder}"
+        )
+    if not own and not mark_output(folder, STREAM_WRITER, claimed=name):
+        raise OutputRefused(f"{folder}: its file system no longer keeps the stream's mark")
 
 
 def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str, int | None]:
@@ -949,13 +979,25 @@ def make_stream_folder(output: str) -> None:
     """The stream's folder: one kvtrace makes is rwxr-xr-x whatever the writer's umask (the mode
     publish gives a night's folder, the one the gate passes) and, like a night's staging folder,
     inherits nothing of its parent (storage.inherit_nothing); an existing one is the user's,
-    never changed, only refused in one line if it would pass on what the gate refuses
-    (check_inherited, as storage.unfit_for_private_files refuses and never changes)."""
+    never changed but for the mark below, only refused in one line if it would pass on what the gate refuses
+    (check_inherited, as storage.unfit_for_private_files refuses and never changes). A local
+    one is marked as the stream's output (publish.mark_output), so no other command writes in
+    it; an object store's stays unmarked (an object there would be published with the
+    windows, and the gate passes only windows and cumulative.json)."""
     made = storage.make_folder(output)
-    if not storage.is_url(output):
-        if made:
-            storage.inherit_nothing(output, storage.PUBLIC_FOLDER)
-        check_inherited(output, given=True)
+    if storage.is_url(output):
+        return
+    if made:
+        storage.inherit_nothing(output, storage.PUBLIC_FOLDER)
+    check_inherited(output, given=True)
+    # The stream's output as every other command's plan finds one (publish.folder_writer):
+    # none writes inside it; the stream itself adds its windows (claim_window).
+    if not mark_output(output, STREAM_WRITER):
+        raise OutputRefused(
+            f"--output {output}: its file system keeps no extended attributes, so the "
+            f"stream's folder cannot be marked as its output (which keeps every other command "
+            f"out of it): stream into a folder on a local disk"
+        )
 
 
 def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollection:

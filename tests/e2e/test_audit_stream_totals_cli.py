@@ -175,6 +175,23 @@ def test_the_streams_folder_carries_only_the_times_and_modes_kvtrace_sets(
     )
 
 
+def test_the_streams_folder_carries_only_the_streams_own_output_mark(
+    night, tiny_tokenizer, tmp_path
+):
+    """The mark the stream keeps its folder by (claim_window: a window it claimed) passes;
+    other bytes under the mark's name are an attribute kvtrace does not set."""
+    from kvtrace.transforms.write.publish import OUTPUT_MARK, STREAM_WRITER, mark_output
+
+    stream = stream_of(night, tmp_path)
+    assert mark_output(str(stream), STREAM_WRITER, claimed=window_name(0))
+    report = gate.audit(str(stream), tiny_tokenizer)
+    assert report["publishable"], report["flags"]
+    mark = os.getxattr(stream, OUTPUT_MARK)
+    os.setxattr(stream, OUTPUT_MARK, mark.replace(b"}", b', "note": "x"}'))
+    flags = gate.audit(str(stream), tiny_tokenizer)["flags"]
+    assert any("extended attributes kvtrace does not set" in f for f in flags), flags
+
+
 def test_a_time_finer_than_the_rows_granularity_is_flagged(tiny_tokenizer, tmp_path):
     rows = [chat(i, 10_000 * i) for i in range(3)]
     assert (

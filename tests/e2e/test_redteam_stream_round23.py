@@ -134,7 +134,6 @@ def test_two_requests_hours_ahead_do_not_make_the_streams_next_requests_late(
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 def test_a_batch_night_never_replaces_a_streams_published_window(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):

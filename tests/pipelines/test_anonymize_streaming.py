@@ -555,6 +555,8 @@ def test_a_window_that_fails_to_publish_publishes_none_of_its_letters(
     # The letter waits for its window, however slow the machine: it never goes out alone here.
     monkeypatch.setattr(anonymize_streaming, "LETTER_DELAY_S", 3600)
     config = streaming_config(tmp_path, tiny_tokenizer)
+    # The stream's own window (claimed by an attempt killed after its claim), a file added since.
+    anonymize_streaming.claim_window(config.job.output, "window-000000")
     blocked = Path(config.job.output) / "window-000000"
     blocked.mkdir()
     (blocked / "notes.txt").write_text("not kvtrace's")

@@ -1,5 +1,6 @@
 """make_stream_folder: a stream's folder kvtrace makes inherits nothing of its parent; one the
-user made is theirs, checked and never changed."""
+user made is theirs, checked and never changed but for the stream's output mark, which keeps
+every other command out of it; claim_window: the stream replaces only its own windows."""
 
 from __future__ import annotations
 
@@ -62,3 +63,37 @@ def test_an_output_given_as_a_link_is_refused_and_what_it_points_to_left(tmp_pat
     with pytest.raises(OutputRefused, match="out: a link, not a file or folder of its own"):
         make_stream_folder(str(tmp_path / "out"))
     assert os.stat(target).st_mode & 0o7777 == 0o700
+
+
+@pytest.mark.beam
+def test_the_folder_is_the_streams_output_to_every_other_commands_plan(tmp_path):
+    from kvtrace.pipelines.anonymize_streaming import make_stream_folder
+    from kvtrace.transforms.write.publish import FOLDER, Location, check_written, folder_writer
+
+    output = tmp_path / "stream"
+    make_stream_folder(str(output))
+    assert folder_writer(str(output)) == "anonymize --streaming"
+    inside = Location("--output", str(output / "window-000000"), FOLDER, writer="anonymize")
+    with pytest.raises(OutputRefused, match="lies inside") as err:
+        check_written(inside)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.beam
+def test_a_folder_the_stream_did_not_write_at_its_next_windows_name_is_never_replaced(tmp_path):
+    from kvtrace.pipelines.anonymize_streaming import claim_window, make_stream_folder
+
+    output = tmp_path / "stream"
+    make_stream_folder(str(output))
+    claim_window(str(output), "window-000000")
+    (output / "window-000000").mkdir()  # the stream's own, published after its claim
+    claim_window(str(output), "window-000000")  # a retried attempt replaces its own
+    night = output / "window-000001"
+    night.mkdir()
+    (night / "manifest.json").write_text("{}")
+    with pytest.raises(OutputRefused, match="did not write") as err:
+        claim_window(str(output), "window-000001")
+    assert "\n" not in str(err.value)
+    assert (night / "manifest.json").read_text() == "{}"
+    with pytest.raises(OutputRefused, match="did not write"):  # its claim never moved on
+        claim_window(str(output), "window-000001")

@@ -104,7 +104,7 @@ from kvtrace.transforms.write.manifest import (
     public_tokenizer,
     replay_contract,
 )
-from kvtrace.transforms.write.publish import sha256_of
+from kvtrace.transforms.write.publish import OUTPUT_MARK, STREAM_WRITER, claimed_by, sha256_of
 from kvtrace.transforms.write.replayers import replay_commands
 from kvtrace.transforms.write.rows import published_room
 from kvtrace.transforms.write.shards import cuts_unlike_plan
@@ -304,7 +304,11 @@ def _audit_stream(folder: str, names: list[str], given: Given) -> dict:
     across the stream; cumulative.json is what the windows' rows give; the folder's own
     metadata is checked as a night folder's."""
     gate, reports, start, rows_seen = _Gate(), {}, (0, 0), 0
-    _check_attributes(folder, "the stream's folder", gate)
+    # Its one attribute kvtrace sets: the stream's mark, as the stream writes it, naming a window.
+    marked = window_index(claimed_by(folder, STREAM_WRITER)) is not None
+    _check_attributes(
+        folder, "the stream's folder", gate, frozenset({OUTPUT_MARK} if marked else ())
+    )
     gate.stat[""] = os.stat(folder)
     windows = [
         n
@@ -533,12 +537,14 @@ MAX_SELINUX_LABEL = 255
 SELINUX_FS = "/sys/fs/selinux"  # mounted where the SELinux module labels files
 
 
-def _check_attributes(path: str, name: str, gate: _Gate) -> None:
+def _check_attributes(
+    path: str, name: str, gate: _Gate, kept: frozenset[str] = frozenset()
+) -> None:
     """What a copy that keeps them carries (cp -a, rsync -X, tar --xattrs, bsdtar's --fflags)
     beside the bytes: storage.foreign_metadata, the one rule a run also holds its staging
     folder to (extended attributes, inode flags, owners). The SELinux label, which a security
     module sets on every file, is kept for _check_file_metadata."""
-    for problem in storage.foreign_metadata(path, name, owners=False):
+    for problem in storage.foreign_metadata(path, name, kept, owners=False):
         gate.flag(problem)
     if storage.foreign_owners(os.lstat(path)):  # one line for the folder: never crowds out others
         gate.flag(f"the folder or its entries: {storage.FOREIGN_OWNERS}")

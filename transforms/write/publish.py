@@ -503,11 +503,18 @@ OUTPUT_MARK_OBJECT = "kvtrace-output.json"  # not hidden: every store's "*" matc
 MAX_MARK_BYTES = 4096  # the most an extended attribute holds on common filesystems (ext4)
 
 
-def mark_output(folder: str, writer: str) -> bool:
+# The writer a stream's folder is marked by (anonymize --streaming): it adds windows to the
+# folder while it stands, so its mark names the last window it claimed, not its files.
+STREAM_WRITER = "anonymize --streaming"
+
+
+def mark_output(folder: str, writer: str, claimed: str = "") -> bool:
     """Mark a staged folder as the writer's output, listing the files it holds; False where a
     local filesystem keeps no extended attributes (the folder is published unmarked, so a next
-    run cannot tell it from a user's, and refuses it unless it is emptied)."""
-    mark = json.dumps({"writer": writer, "files": _names(folder)}, sort_keys=True).encode()
+    run cannot tell it from a user's, and refuses it unless it is emptied). claimed: a folder
+    its writer goes on adding to (a stream's): the last name it claimed, listing no files (a
+    stream of any length keeps its mark within MAX_MARK_BYTES)."""
+    mark = _mark_bytes(writer, [] if claimed else _names(folder), claimed)
     if is_url(folder):
         with storage.create(storage.join(folder, OUTPUT_MARK_OBJECT)) as handle:
             handle.write(mark)
@@ -521,15 +528,36 @@ def mark_output(folder: str, writer: str) -> bool:
     return True
 
 
+def _mark_bytes(writer: str, files: list[str], claimed: str = "") -> bytes:
+    mark = {"writer": writer, "files": files, **({"claimed": claimed} if claimed else {})}
+    return json.dumps(mark, sort_keys=True).encode()
+
+
+def _mark(folder: str) -> bytes:
+    """A folder's output mark, as it stands (OSError: none)."""
+    if is_url(folder):
+        return read_bytes(storage.join(folder, OUTPUT_MARK_OBJECT), MAX_MARK_BYTES)
+    return os.getxattr(folder, OUTPUT_MARK, follow_symlinks=False)
+
+
+def claimed_by(folder: str, writer: str) -> str:
+    """The last name writer claimed in its folder (mark_output), "" where the folder's mark is
+    none of its, or holds more than such a mark holds (its bytes are exactly what it writes)."""
+    try:
+        raw = _mark(folder)
+        claimed = json.loads(raw).get("claimed")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not isinstance(claimed, str) or raw != _mark_bytes(writer, [], claimed):
+        return ""
+    return claimed
+
+
 def _marked(folder: str) -> tuple[str, list[str]]:
     """The command a folder's output mark names and the files it lists, its own object
     included (none: no mark that parses)."""
     try:
-        if is_url(folder):
-            raw = read_bytes(storage.join(folder, OUTPUT_MARK_OBJECT), MAX_MARK_BYTES)
-        else:
-            raw = os.getxattr(folder, OUTPUT_MARK, follow_symlinks=False)
-        mark = json.loads(raw)
+        mark = json.loads(_mark(folder))
         writer, files = mark["writer"], mark["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return "", []
