@@ -543,7 +543,8 @@ def _check_attributes(
     """What a copy that keeps them carries (cp -a, rsync -X, tar --xattrs, bsdtar's --fflags)
     beside the bytes: storage.foreign_metadata, the one rule a run also holds its staging
     folder to (extended attributes, inode flags, owners). The SELinux label, which a security
-    module sets on every file, is kept for _check_file_metadata."""
+    module sets on every file, is kept for _check_file_metadata; so are kept attributes (a
+    stream's folder's output mark, its bytes checked by the caller)."""
     for problem in storage.foreign_metadata(path, name, kept, owners=False):
         gate.flag(problem)
     if storage.foreign_owners(os.lstat(path)):  # one line for the folder: never crowds out others
