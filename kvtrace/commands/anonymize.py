@@ -40,6 +40,7 @@ from kvtrace.transforms.trace_format import (
 from kvtrace.transforms.write.coarsen import (
     SLOWEST_TOKEN_MS,
     Coarsening,
+    granularity_problem,
     timestamp_floor,
     timing_problem,
 )
@@ -523,6 +524,8 @@ def _check_ranges(options: dict[str, Any]) -> None:
         options["timestamp_granularity_ms"], options["length_granularity"]
     ):
         raise ConfigError(f"--timestamp-granularity-ms too fine: {too_fine}; omit it for the floor")
+    if too_coarse := granularity_problem(options["block_size"], options["length_granularity"]):
+        raise ConfigError(f"--length-granularity above --block-size: {too_coarse}")
     if options["length_granularity"] > 1 and options.get("emit_output_hashes"):
         raise ConfigError(
             "--length-granularity and --emit-output-hashes: the output block ids "

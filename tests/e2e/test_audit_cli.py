@@ -130,14 +130,14 @@ def test_granularity_options_coarsen_timestamps_and_output_lengths(
     rows = [chat(i, 1234 * i + 7) for i in range(6)]
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     plain, coarse = tmp_path / "plain", tmp_path / "coarse"
-    assert anonymize(tiny_tokenizer, [src], plain, "--block-size", "4") == 0
+    assert anonymize(tiny_tokenizer, [src], plain, "--block-size", "8") == 0
     assert (
         anonymize(
             tiny_tokenizer,
             [src],
             coarse,
             "--block-size",
-            "4",
+            "8",
             "--timestamp-granularity-ms",
             "1000",
             "--length-granularity",
@@ -156,7 +156,7 @@ def test_granularity_options_coarsen_timestamps_and_output_lengths(
     assert any(b["output_length"] % 8 for b in before)  # something was rounded
     # input lengths too (a next turn's prompt holds the reply), within their last block
     assert [r["input_length"] for r in after] == coarse_input_lengths(
-        np.array([r["input_length"] for r in before]), 4, 8
+        np.array([r["input_length"] for r in before]), 8, 8
     ).tolist()
     assert [r["hash_ids"] for r in after] == [r["hash_ids"] for r in before]
     assert audit(coarse, capsys)[1]["timestamps"]["granularity_ms"] % 1000 == 0
@@ -191,7 +191,7 @@ def test_coarse_lengths_take_timestamps_at_least_as_coarse(
     given takes that floor (recorded in the manifest, passed by the audit unprompted), and a
     manifest that says coarse lengths over fine timestamps is not publishable."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
-    options = ("--block-size", "4", "--length-granularity", "8")
+    options = ("--block-size", "8", "--length-granularity", "8")
     caplog.set_level(logging.INFO, logger="kvtrace")
     refused = anonymize(
         tiny_tokenizer, [src], tmp_path / "fine", *options, "--timestamp-granularity-ms", "100"
@@ -212,6 +212,31 @@ def test_coarse_lengths_take_timestamps_at_least_as_coarse(
     code, report = audit(doctored, capsys)
     assert code == 1
     assert any("coarse lengths over fine timestamps" in flag for flag in report["flags"])
+
+
+def test_lengths_coarser_than_a_block_are_refused_and_flagged(tiny_tokenizer, tmp_path, capsys):
+    """--length-granularity N above --block-size hides nothing the next turn's full blocks do not
+    give back (coarsen.granularity_problem): the run refuses it in one line before the work, and
+    the audit flags a manifest that says so."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
+    refused = anonymize(
+        tiny_tokenizer, [src], tmp_path / "coarse", "--block-size", "4", "--length-granularity", "8"
+    )
+    err = capsys.readouterr().err
+    assert refused == 2 and "at most 4" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "coarse").exists()
+    out = tmp_path / "out"
+    assert (
+        anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--length-granularity", "4") == 0
+    )
+    assert audit(out, capsys)[0] == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["block_size"] = 2
+    doctored = copy_of(out, tmp_path)
+    (doctored / "manifest.json").write_bytes(canonical_json(manifest))
+    code, report = audit(doctored, capsys)
+    assert code == 1
+    assert any("length granularity above the block size" in flag for flag in report["flags"])
 
 
 def test_one_trace_file_is_measured_but_only_a_folder_is_publishable(output, tmp_path, capsys):

@@ -55,7 +55,7 @@ def outputs(tiny_tokenizer, tmp_path_factory) -> dict[str, Path]:
     runs = {
         "plain": ([first], ()),
         "outputs": ([first], ("--emit-output-hashes",)),
-        "coarse": ([first], ("--timestamp-granularity-ms", "1000", "--length-granularity", "8")),
+        "coarse": ([first], ("--timestamp-granularity-ms", "1000", "--length-granularity", "4")),
         "night2": ([second], ("--id-map", str(tmp / "map"), "--salt-file", str(tmp / "salt"))),
     }
     (tmp / "salt").write_bytes(b"s" * 32)

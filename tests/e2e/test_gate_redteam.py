@@ -76,7 +76,7 @@ def outputs(tiny_tokenizer, tmp_path_factory) -> dict[str, Path]:
     runs = {
         "plain": (night, ()),
         "outputs": (texts, ("--emit-output-hashes",)),
-        "coarse": (night, ("--timestamp-granularity-ms", "1000", "--length-granularity", "8")),
+        "coarse": (night, ("--timestamp-granularity-ms", "1000", "--length-granularity", "4")),
         "night2": (night, mapped),
     }
     made = {}

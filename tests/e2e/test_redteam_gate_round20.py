@@ -29,7 +29,7 @@ def test_an_option_given_twice_in_two_spellings_in_a_config_is_refused(
     (exit 2), nothing published, as when both lines use one spelling."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1_000 * i) for i in range(4)])
     config = tmp_path / "night.yaml"
-    config.write_text("length-granularity: 16\nblock_size: 4\nlength_granularity: 1\n")
+    config.write_text("length-granularity: 16\nblock_size: 16\nlength_granularity: 1\n")
     out = tmp_path / "out"
     code = main(
         ["anonymize", "--config", str(config), "--input", str(src), "--tokenizer", tiny_tokenizer]

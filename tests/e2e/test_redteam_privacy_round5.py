@@ -51,7 +51,9 @@ def test_length_granularity_is_undone_by_the_next_turns_input_length(tiny_tokeni
         log = write_jsonl(tmp_path / f"{name}.jsonl", _conversation(reply))
         out = tmp_path / name
         assert (
-            anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--length-granularity", "16")
+            anonymize(
+                tiny_tokenizer, [log], out, "--block-size", "16", "--length-granularity", "16"
+            )
             == 0
         )
         rows = trace(out)

@@ -104,7 +104,9 @@ def test_length_granularity_is_undone_by_the_exact_response_time(tiny_tokenizer,
         log = write_jsonl(tmp_path / f"{tokens}.jsonl", [record])
         out = tmp_path / f"out{tokens}"
         assert (
-            anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--length-granularity", "16")
+            anonymize(
+                tiny_tokenizer, [log], out, "--block-size", "16", "--length-granularity", "16"
+            )
             == 0
         )
         assert gate.audit(str(out), tiny_tokenizer)["publishable"]
@@ -238,7 +240,7 @@ def test_the_gate_flags_response_times_beside_coarse_lengths(tiny_tokenizer, tmp
     log = write_jsonl(tmp_path / "night.jsonl", [record])
     out = tmp_path / "out"
     assert (
-        anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--length-granularity", "16")
+        anonymize(tiny_tokenizer, [log], out, "--block-size", "16", "--length-granularity", "16")
         == 0
     )
     (parquet,) = out.glob("trace-*.parquet")

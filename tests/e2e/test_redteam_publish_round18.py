@@ -11,6 +11,7 @@ import pytest
 
 from helpers import anonymize, chat, dynamo_request_end, kvtrace_token_ids, write_jsonl
 from kvtrace.cli import main
+from kvtrace.transforms.trace_format import MAX_BLOCK_SIZE
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,8 @@ def _rounded_past_the_range(tokenizer: str, folder: Path, field: str) -> tuple[P
     records = [chat(i, 1_000 * i) for i in range(5)]
     if field == "output_length":
         records[1]["output_length"] = 2**31 - 1
-        return write_jsonl(folder / "in.jsonl", records), ["--length-granularity", "1000"]
+        options = ["--block-size", "1024", "--length-granularity", "1000"]  # a step within a block
+        return write_jsonl(folder / "in.jsonl", records), options
     ids = kvtrace_token_ids(tokenizer, records)
     captured = [dynamo_request_end(r["timestamp"], t, 4, 3) for r, t in zip(records, ids)]
     captured[1]["event_time_unix_ms"] = captured[1]["request"]["request_received_ms"] + 2**31 - 1
@@ -90,14 +92,16 @@ def test_a_value_rounded_up_past_the_published_range_is_not_published(
 
 
 @pytest.mark.parametrize(
-    "option, value",
+    "options",
     [
-        ("--length-granularity", 2**31 - 1),  # the longest output: lengths round to it or 0
-        ("--timestamp-granularity-ms", 2**40 - 1),
+        # the largest length step: the largest block (coarsen.granularity_problem), a length
+        # of 2^31 - 1 rounding down to the last multiple within the range
+        ("--block-size", str(MAX_BLOCK_SIZE), "--length-granularity", str(MAX_BLOCK_SIZE)),
+        ("--timestamp-granularity-ms", str(2**40 - 1)),
     ],
 )
 def test_a_granularity_the_cli_takes_publishes_what_the_audit_passes(
-    tiny_tokenizer, tmp_path, capsys, option, value
+    tiny_tokenizer, tmp_path, capsys, options
 ):
     """Any step the CLI accepts, up to the manifest schema's largest, publishes rows within
     their ranges (a length rounded within [0, 2^31 - 1], never up to the step) and a manifest
@@ -106,11 +110,11 @@ def test_a_granularity_the_cli_takes_publishes_what_the_audit_passes(
     records[1]["output_length"] = 2**31 - 1
     src = write_jsonl(tmp_path / "in.jsonl", records)
     out = tmp_path / "out"
-    assert anonymize(tiny_tokenizer, [src], out, "--quiet", option, str(value)) == 0
+    assert anonymize(tiny_tokenizer, [src], out, "--quiet", *options) == 0
     capsys.readouterr()
     report = tmp_path / "audit.json"
     audit = ["audit", str(out), "--json", str(report), "--tokenizer", tiny_tokenizer]
-    assert main([*audit, option, str(value)]) == 0, json.loads(report.read_text())["flags"]
+    assert main([*audit, *options]) == 0, json.loads(report.read_text())["flags"]
 
 
 @pytest.mark.parametrize(

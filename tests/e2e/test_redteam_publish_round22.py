@@ -88,7 +88,7 @@ def test_length_granularity_is_undone_by_the_next_turns_arrival(tiny_tokenizer, 
         follow = {**chat(5, 200 + 30 * tokens + 5, session="agent"), "output_length": 9}
         log = write_jsonl(tmp_path / f"{tokens}.jsonl", [first, follow])
         out = tmp_path / f"out{tokens}"
-        options = ("--block-size", "4", "--length-granularity", "16", "--quiet")
+        options = ("--block-size", "16", "--length-granularity", "16", "--quiet")
         if anonymize(tiny_tokenizer, [log], out, *options) != 0:
             assert not out.exists()
             return  # refused: nothing published

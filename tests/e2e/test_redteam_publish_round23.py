@@ -9,7 +9,6 @@ import pytest
 from helpers import anonymize, trace, write_jsonl
 
 pytestmark = pytest.mark.slow
-ROUND23 = "red team round 23"
 SYSTEM = {"role": "system", "content": "hello world this is a prompt about caching blocks"}
 
 
@@ -37,7 +36,6 @@ def _conversation(reply: str) -> list[dict]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND23)
 def test_length_granularity_above_the_block_size_is_undone_by_the_next_turns_blocks(
     tiny_tokenizer, tmp_path
 ):

@@ -93,6 +93,7 @@ from kvtrace.transforms.trace_format import (
 )
 from kvtrace.transforms.write.coarsen import (
     coarse_input_lengths,
+    granularity_problem,
     round_to,
     timestamp_floor,
     timing_problem,
@@ -1204,7 +1205,8 @@ def _confirm_settings(c: _Confirming) -> None:
     """Block size and granularity: as the run was given them (settings), else from the closed
     set of round values (SETTING_VALUES), or for timestamps the floor the published length
     granularity sets (a run's default: no choice of its own); and timestamps coarse enough to
-    hide the lengths' rounding (coarsen.timing_problem, the rule anonymize refuses by)."""
+    hide the lengths' rounding (coarsen.timing_problem, the rule anonymize refuses by), and a
+    length granularity the blocks do not undo (coarsen.granularity_problem, the same)."""
     published = {"block_size": c.manifest["block_size"], **c.manifest["granularity"]}
     given = c.given.settings
     floor = timestamp_floor(published[OUTPUT_LENGTH_FIELD])
@@ -1219,6 +1221,8 @@ def _confirm_settings(c: _Confirming) -> None:
             )
     if too_fine := timing_problem(published["timestamp_ms"], published[OUTPUT_LENGTH_FIELD]):
         c.flag(f"coarse lengths over fine timestamps: {too_fine}; not publishable")
+    if too_coarse := granularity_problem(published["block_size"], published[OUTPUT_LENGTH_FIELD]):
+        c.flag(f"length granularity above the block size: {too_coarse}; not publishable")
 
 
 def _confirm_model_name(c: _Confirming) -> None:

@@ -55,6 +55,21 @@ def timing_problem(timestamp_ms: int, output_length: int) -> str | None:
     )
 
 
+def granularity_problem(block_size: int, output_length: int) -> str | None:
+    """Why lengths rounded to output_length over blocks of block_size would hide less than the
+    rounding promises (None: they would not). A session's next prompt holds the reply and keeps
+    its full blocks (hash_ids count them), so a reply's length is known to within a block
+    whatever the rounding: a multiple above the block size hides nothing more. The one rule,
+    for the run that writes and the gate that reads."""
+    if output_length <= block_size:
+        return None
+    return (
+        f"lengths rounded to {output_length} over blocks of {block_size} tokens: the next "
+        f"turn's prompt keeps its full blocks, so a length is known to within a block and a "
+        f"granularity above the block size hides nothing more; use at most {block_size}"
+    )
+
+
 @dataclass(frozen=True)
 class Coarsening:
     timestamp_ms: int = 1  # publish timestamps as multiples of this (ms from the origin)
@@ -88,7 +103,9 @@ def coarse_input_lengths(lengths: np.ndarray, block_size: int, step: int) -> np.
     """Input lengths as published beside output lengths rounded to step: the full blocks kept,
     the last block's fill rounded up to a multiple of step and capped at the block size, so
     every row keeps its block count (hash_ids match it) and the length is known only to within
-    step, as the reply a later turn's prompt holds is. A multiple of block_size stays as it is;
+    step, as the reply a later turn's prompt holds is, while step is at most the block size:
+    the full blocks stay, so a larger step hides no more than the block (granularity_problem
+    refuses it). A multiple of block_size stays as it is;
     so does every length when step is 1 or block_size is 0 (not known). Capped at
     MAX_INPUT_LENGTH: the cap is past the length's full blocks, so its block count holds."""
     if step == 1 or block_size == 0:

@@ -49,8 +49,8 @@ def _one_row(input_length: int, output_length: int, block_size: int) -> TraceCol
     "input_length, length_step, passes",
     [
         (5, 1, True),  # no granularity: exact, as hash_ids need
-        (5, 16, False),  # exact beside coarse output lengths: the next turn gives the reply back
-        (8, 16, True),  # the last block's fill rounded up to 16, capped at the block size
+        (5, 3, False),  # exact beside coarse output lengths: the next turn gives the reply back
+        (8, 3, True),  # the last block's fill rounded up to 6, capped at the block size
         (6, 2, True),
         (5, 2, False),
     ],

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.trace_format import (
+    MAX_BLOCK_SIZE,
     MAX_OUTPUT_LENGTH,
     MAX_PUBLISHED_INT,
     MAX_RESPONSE_MS,
@@ -22,6 +23,7 @@ from kvtrace.transforms.write.coarsen import (
     coarse_output_lengths,
     coarse_response_ms,
     coarsen,
+    granularity_problem,
     published_requests,
     round_to,
     timestamp_floor,
@@ -196,6 +198,16 @@ def test_timestamps_pass_only_as_coarse_as_the_lengths_need(length_step, time_st
     assert (problem is None) == (time_step >= floor)
     assert problem is None or f"{floor} ms" in problem
     assert timing_problem(floor, length_step) is None
+
+
+@given(st.integers(1, MAX_BLOCK_SIZE), st.integers(1, MAX_OUTPUT_LENGTH))
+def test_lengths_pass_only_as_coarse_as_a_block(block_size, length_step):
+    """One rule for the run and the gate: a next turn's prompt keeps its full blocks, so a step
+    above the block size is refused, naming the block size; any step up to it passes."""
+    problem = granularity_problem(block_size, length_step)
+    assert (problem is None) == (length_step <= block_size)
+    assert problem is None or f"at most {block_size}" in problem
+    assert granularity_problem(block_size, block_size) is None
 
 
 @settings(max_examples=200, deadline=None)
