@@ -93,7 +93,7 @@ from kvtrace.transforms.ids.dense_ids import KindIds, UniqueTotals, sum_unique, 
 from kvtrace.transforms.ids.id_shards import DEFAULT_ID_SHARDS, placed, window_parts
 from kvtrace.transforms.ids.steps import QUERY, NumberNew, SeenShard, ShardStore
 from kvtrace.transforms.read.steps import parse_records
-from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
+from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS, plausible_days, timestamp_kind
 from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, parse_json, window_name
 from kvtrace.transforms.write.coarsen import Coarsening, published_requests, round_to
 from kvtrace.transforms.write.manifest import RUN_COUNTS, set_content_times
@@ -302,6 +302,47 @@ class Progress:
             held, latest = days.get(day, (0, int(on_day.max())))
             days[day] = (held + len(on_day), max(latest, int(on_day.max())))
 
+    def bulk_days(self) -> tuple[int, int]:
+        """The bulk's (first, last) day of the stream's input so far (plausible_days)."""
+        waiting = [
+            {day: held for day, (held, _) in days.items()} for days in self.open_days.values()
+        ]
+        return plausible_days(sum_kind_counts([self.published_days] + waiting))
+
+    def witnessed(self) -> bool:
+        """The zero (and its kind of time) may be fixed: a window is published, or a second
+        request stands in the bulk beside the first (within the batch rule's gap), so one
+        stray clock's request, alone and first in a quiet stream, is never the zero."""
+        first, last = self.bulk_days()
+        held = sum(
+            count
+            for days in self.open_days.values()
+            for day, (count, _) in days.items()
+            if first <= day <= last
+        )
+        return self.published_ms is not None or held > 1
+
+    def own_clocks(self) -> dict[int, int]:
+        """Each open window holding no request of the bulk: the latest request of its own run
+        of days (no gap over MAX_GAP_DAYS), so a run outside the bulk (after a quiet of over a
+        week) is judged from itself, due like any window, never waiting on the bulk's clock."""
+        first, last = self.bulk_days()
+        outside = {
+            window: {day: latest for day, (_, latest) in days.items()}
+            for window, days in self.open_days.items()
+            if not any(first <= day <= last for day in days)
+        }
+        days = sorted({day for kept in outside.values() for day in kept})
+        run_of, run = {}, 0
+        for day, before in zip(days, [None, *days[:-1]]):
+            run += before is not None and day - before > MAX_GAP_DAYS
+            run_of[day] = run
+        latest: dict[int, int] = {}
+        for kept in outside.values():
+            for day, ms in kept.items():
+                latest[run_of[day]] = max(ms, latest.get(run_of[day], ms))
+        return {w: latest[run_of[min(kept)]] for w, kept in outside.items()}
+
     def latest_ms(self, config: StreamingConfig) -> int | None:
         """The stream's clock: its latest request within the bulk of its input so far (the batch
         job's rule, plausible_days), so a clock reset, a dead letter once judged, never moves
@@ -309,10 +350,7 @@ class Progress:
         more than a window and the allowed lateness ahead of the rest, alone in its window (a
         producer's clock hours off, within the bulk's days): it waits for a second witness (a
         request beside it in its window, or a later one), kept in its window meanwhile."""
-        waiting = [
-            {day: held for day, (held, _) in days.items()} for days in self.open_days.values()
-        ]
-        first, last = plausible_days(sum_kind_counts([self.published_days] + waiting))
+        first, last = self.bulk_days()
         windows = sorted(
             (max(latest for _, latest in kept), sum(held for held, _ in kept))
             for kept in (
@@ -353,31 +391,37 @@ class Progress:
             elif passed is None:
                 self.passed_ms[window] = now_ms
 
-    def due_ms(self, config: StreamingConfig, window: int, latest_ms: int | None) -> int:
+    def due_ms(
+        self, config: StreamingConfig, window: int, latest_ms: int | None, witnessed: bool
+    ) -> int:
         """When (source's watermark) an open window is published: once every record produced
         before a request past its deadline came in; or, with none, once the source has been
         idle for config.idle_ms past the time the requests' clock (latest_ms), run on at the
         source's pace, would pass the deadline (a live stream's last window closes at its
-        deadline, a backfill's a moment after its last request: neither by the wall clock)."""
+        deadline, a backfill's a moment after its last request: neither by the wall clock).
+        Until the zero is witnessed, the first window waits MAX_GAP_DAYS more of the source's
+        clock: a witness produced later would be beyond the batch rule's gap; the final
+        watermark (a backfill's end, a drain) publishes it whatever."""
         to_deadline = max(config.deadline_ms(window) - (latest_ms or 0), 0)
         idle = self.arrived_ms + to_deadline + config.idle_ms
         passed = self.passed_ms[window]
-        return idle if passed is None else min(passed, idle)
+        due = idle if passed is None else min(passed, idle)
+        return due if witnessed else due + MAX_GAP_DAYS * DAY_MS
 
     def due(self, config: StreamingConfig, watermark_ms: int) -> list[int]:
         """The open windows due at watermark_ms, oldest first, with every older open window:
         windows go out in time order, so once one is published an older one's requests are
         late (and said so), never a window of their own after it."""
-        latest = self.latest_ms(config)
-        due = [w for w in self.passed_ms if self.due_ms(config, w, latest) <= watermark_ms]
+        due = [w for w, due_ms in self.deadlines(config).items() if due_ms <= watermark_ms]
         return sorted(w for w in self.passed_ms if due and w <= max(due))
 
     def deadlines(self, config: StreamingConfig) -> dict[int, int]:
         """Each open window's due time (source's watermark), a timer each: a watermark past
         several fires them all in one advance, none waiting for an earlier one's firing to
-        set it (a round trip through the runner per window: 1.5 s apart on Flink)."""
-        latest = self.latest_ms(config)
-        return {w: self.due_ms(config, w, latest) for w in self.passed_ms}
+        set it (a round trip through the runner per window: 1.5 s apart on Flink). A window
+        outside the bulk runs on its own run's clock (own_clocks)."""
+        latest, own, witnessed = self.latest_ms(config), self.own_clocks(), self.witnessed()
+        return {w: self.due_ms(config, w, own.get(w, latest), witnessed) for w in self.passed_ms}
 
     def recut(
         self, config: StreamingConfig, origin_ms: int, waiting: list[tuple[int, HashedBatch]]

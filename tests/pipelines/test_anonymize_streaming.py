@@ -670,3 +670,20 @@ def test_the_writer_writes_plans_in_order_each_window_once_its_ids_are_back():
     assert ready == [] and book.next_seq == 0  # window 0 lacks an answer: nothing overtakes it
     ready, book = writable(book._replace(answers={**book.answers, 0: 2}), 2)
     assert ready == [0, 1, 2] and book == Book(3, {}, {})
+
+
+def test_the_first_window_waits_for_a_witness_a_bounded_time(tmp_path):
+    """One request alone fixes no zero: its window is due MAX_GAP_DAYS of the source's clock
+    later than it would be; a second request in the bulk makes it due as before."""
+    from helpers import streaming_config
+    from kvtrace.pipelines.anonymize_streaming import Progress
+    from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
+
+    config = streaming_config(tmp_path, "x")
+    alone = Progress()
+    alone.saw(config, 0, 1_000, NOW)
+    waiting = alone.deadlines(config)[0]
+    witnessed = Progress()
+    witnessed.saw(config, 0, [1_000, 1_000], NOW)
+    assert waiting == witnessed.deadlines(config)[0] + MAX_GAP_DAYS * DAY_MS
+    assert (alone.witnessed(), witnessed.witnessed()) == (False, True)
