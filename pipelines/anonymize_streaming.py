@@ -31,8 +31,9 @@ after LETTER_DELAY_S without one (or at the stream's end), published with the cu
 written then (rejected-KEY-letters-000001.jsonl). cumulative.json publishes only what the windows'
 rows prove; what was read and rejected is the operator's, in run-counts.json beside the dead
 letters (as a batch run's). Clock resets are judged as batch judges them,
-against the stream's whole input so far, and never move its clock; nor does a lone request more
-than a window ahead of the rest until a second one witnesses it (Progress.latest_ms).
+against the stream's whole input so far, and never move its clock; nor do requests beyond a gap
+of more than a window and the lateness until windows fill it (Progress.clocks); nor is one
+request first in a quiet stream its zero until a second witnesses it (Progress.witnessed).
 
 Windows are cut and judged in one key (PublishWindows, the controller) and written in one
 (WriteWindows), in order; the id map is in (kind, shard) keys, none holding all of it, and no
@@ -322,53 +323,36 @@ class Progress:
         )
         return self.published_ms is not None or held > 1
 
-    def own_clocks(self) -> dict[int, int]:
-        """Each open window holding no request of the bulk: the latest request of its own run
-        of days (no gap over MAX_GAP_DAYS), so a run outside the bulk (after a quiet of over a
-        week) is judged from itself, due like any window, never waiting on the bulk's clock."""
+    def clocks(self, config: StreamingConfig) -> tuple[int | None, dict[int, int]]:
+        """The stream's clock, and each open window's off it. The stream's clock is its latest
+        request within the bulk of its input so far (the batch job's rule, plausible_days), so
+        a clock reset, a dead letter once judged, never moves it; and it moves only through
+        windows contiguous with what it published (or, before that, with its first window): no
+        gap over a window and the allowed lateness, which requests produced in order leave
+        none of. A window beyond such a gap (a producer logging local time, hours ahead; the
+        stream resumed after a quiet) or outside the bulk (after a quiet of over a week) runs
+        on its own run's clock: the latest request of the windows no such gap splits from it,
+        so it is due, published or lettered, from its own requests, never the bulk's clock."""
         first, last = self.bulk_days()
-        outside = {
-            window: {day: latest for day, (_, latest) in days.items()}
-            for window, days in self.open_days.items()
-            if not any(first <= day <= last for day in days)
-        }
-        days = sorted({day for kept in outside.values() for day in kept})
-        run_of, run = {}, 0
-        for day, before in zip(days, [None, *days[:-1]]):
-            run += before is not None and day - before > MAX_GAP_DAYS
-            run_of[day] = run
-        latest: dict[int, int] = {}
-        for kept in outside.values():
-            for day, ms in kept.items():
-                latest[run_of[day]] = max(ms, latest.get(run_of[day], ms))
-        return {w: latest[run_of[min(kept)]] for w, kept in outside.items()}
+        gap = config.window_ms + config.allowed_lateness_ms
+        clock, chained = self.published_latest_ms, True
+        runs: list[tuple[list[int], int]] = []  # (windows, latest request) off the clock
+        for window, days in sorted(self.open_days.items()):
+            latest = max(ms for _, ms in days.values())
+            if any(first <= day <= last for day in days) and chained:
+                if clock is None or window - clock <= gap:
+                    clock = latest if clock is None else max(clock, latest)
+                    continue
+                chained = False
+            if runs and window - runs[-1][1] <= gap:
+                runs[-1] = (runs[-1][0] + [window], max(runs[-1][1], latest))
+            else:
+                runs.append(([window], latest))
+        return clock, {window: latest for windows, latest in runs for window in windows}
 
     def latest_ms(self, config: StreamingConfig) -> int | None:
-        """The stream's clock: its latest request within the bulk of its input so far (the batch
-        job's rule, plausible_days), so a clock reset, a dead letter once judged, never moves
-        it, whether it came alone or with others, before or after the bulk. Nor does a request
-        more than a window and the allowed lateness ahead of the rest, alone in its window (a
-        producer's clock hours off, within the bulk's days): it waits for a second witness (a
-        request beside it in its window, or a later one), kept in its window meanwhile."""
-        first, last = self.bulk_days()
-        windows = sorted(
-            (max(latest for _, latest in kept), sum(held for held, _ in kept))
-            for kept in (
-                [(held, latest) for day, (held, latest) in days.items() if first <= day <= last]
-                for days in self.open_days.values()
-            )
-            if kept
-        )
-        rest = [latest for latest, _ in windows[:-1]]
-        if self.published_latest_ms is not None:
-            rest.append(self.published_latest_ms)
-        clock = max(rest, default=None)
-        if windows:
-            top, held = windows[-1]
-            ahead = config.window_ms + config.allowed_lateness_ms
-            if clock is None or held > 1 or top - clock <= ahead:
-                clock = top if clock is None else max(clock, top)
-        return clock
+        """The stream's clock (clocks)."""
+        return self.clocks(config)[0]
 
     def saw(
         self, config: StreamingConfig, window: int, timestamps: np.ndarray | int, now_ms: int
@@ -384,8 +368,9 @@ class Progress:
     def clock_moved(self, config: StreamingConfig, now_ms: int) -> None:
         """The open windows' deadlines against the stream's clock: passed from now_ms on, or no
         longer passed when the clock went back (the bulk moved off a stray clock's days)."""
-        latest = self.latest_ms(config)
+        clock, own = self.clocks(config)
         for window, passed in self.passed_ms.items():
+            latest = own.get(window, clock)
             if latest is None or config.deadline_ms(window) > latest:
                 self.passed_ms[window] = None
             elif passed is None:
@@ -419,8 +404,8 @@ class Progress:
         """Each open window's due time (source's watermark), a timer each: a watermark past
         several fires them all in one advance, none waiting for an earlier one's firing to
         set it (a round trip through the runner per window: 1.5 s apart on Flink). A window
-        outside the bulk runs on its own run's clock (own_clocks)."""
-        latest, own, witnessed = self.latest_ms(config), self.own_clocks(), self.witnessed()
+        off the stream's clock runs on its own run's (clocks)."""
+        (latest, own), witnessed = self.clocks(config), self.witnessed()
         return {w: self.due_ms(config, w, own.get(w, latest), witnessed) for w in self.passed_ms}
 
     def recut(

@@ -99,7 +99,6 @@ def test_one_relative_time_first_in_a_quiet_stream_does_not_letter_every_request
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 def test_two_requests_hours_ahead_do_not_make_the_streams_next_requests_late(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
