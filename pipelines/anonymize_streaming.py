@@ -31,8 +31,9 @@ after LETTER_DELAY_S without one (or at the stream's end), published with the cu
 written then (rejected-KEY-letters-000001.jsonl). cumulative.json publishes only what the windows'
 rows prove; what was read and rejected is the operator's, in run-counts.json beside the dead
 letters (as a batch run's). Clock resets are judged as batch judges them,
-against the stream's whole input so far, and never move its clock; nor does a lone request more
-than a window ahead of the rest until a second one witnesses it (Progress.latest_ms).
+against the stream's whole input so far, and never move its clock; nor do requests beyond a gap
+of more than a window and the lateness until windows fill it (Progress.clocks); nor is one
+request first in a quiet stream its zero until a second witnesses it (Progress.witnessed).
 
 Windows are cut and judged in one key (PublishWindows, the controller) and written in one
 (WriteWindows), in order; the id map is in (kind, shard) keys, none holding all of it, and no
@@ -93,7 +94,7 @@ from kvtrace.transforms.ids.dense_ids import KindIds, UniqueTotals, sum_unique, 
 from kvtrace.transforms.ids.id_shards import DEFAULT_ID_SHARDS, placed, window_parts
 from kvtrace.transforms.ids.steps import QUERY, NumberNew, SeenShard, ShardStore
 from kvtrace.transforms.read.steps import parse_records
-from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
+from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS, plausible_days, timestamp_kind
 from kvtrace.transforms.trace_format import (
     STREAM_TOTALS,
     canonical_json,
@@ -312,35 +313,56 @@ class Progress:
             held, latest = days.get(day, (0, int(on_day.max())))
             days[day] = (held + len(on_day), max(latest, int(on_day.max())))
 
-    def latest_ms(self, config: StreamingConfig) -> int | None:
-        """The stream's clock: its latest request within the bulk of its input so far (the batch
-        job's rule, plausible_days), so a clock reset, a dead letter once judged, never moves
-        it, whether it came alone or with others, before or after the bulk. Nor does a request
-        more than a window and the allowed lateness ahead of the rest, alone in its window (a
-        producer's clock hours off, within the bulk's days): it waits for a second witness (a
-        request beside it in its window, or a later one), kept in its window meanwhile."""
+    def bulk_days(self) -> tuple[int, int]:
+        """The bulk's (first, last) day of the stream's input so far (plausible_days)."""
         waiting = [
             {day: held for day, (held, _) in days.items()} for days in self.open_days.values()
         ]
-        first, last = plausible_days(sum_kind_counts([self.published_days] + waiting))
-        windows = sorted(
-            (max(latest for _, latest in kept), sum(held for held, _ in kept))
-            for kept in (
-                [(held, latest) for day, (held, latest) in days.items() if first <= day <= last]
-                for days in self.open_days.values()
-            )
-            if kept
+        return plausible_days(sum_kind_counts([self.published_days] + waiting))
+
+    def witnessed(self) -> bool:
+        """The zero (and its kind of time) may be fixed: a window is published, or a second
+        request stands in the bulk beside the first (within the batch rule's gap), so one
+        stray clock's request, alone and first in a quiet stream, is never the zero."""
+        first, last = self.bulk_days()
+        held = sum(
+            count
+            for days in self.open_days.values()
+            for day, (count, _) in days.items()
+            if first <= day <= last
         )
-        rest = [latest for latest, _ in windows[:-1]]
-        if self.published_latest_ms is not None:
-            rest.append(self.published_latest_ms)
-        clock = max(rest, default=None)
-        if windows:
-            top, held = windows[-1]
-            ahead = config.window_ms + config.allowed_lateness_ms
-            if clock is None or held > 1 or top - clock <= ahead:
-                clock = top if clock is None else max(clock, top)
-        return clock
+        return self.published_ms is not None or held > 1
+
+    def clocks(self, config: StreamingConfig) -> tuple[int | None, dict[int, int]]:
+        """The stream's clock, and each open window's off it. The stream's clock is its latest
+        request within the bulk of its input so far (the batch job's rule, plausible_days), so
+        a clock reset, a dead letter once judged, never moves it; and it moves only through
+        windows contiguous with what it published (or, before that, with its first window): no
+        gap over a window and the allowed lateness, which requests produced in order leave
+        none of. A window beyond such a gap (a producer logging local time, hours ahead; the
+        stream resumed after a quiet) or outside the bulk (after a quiet of over a week) runs
+        on its own run's clock: the latest request of the windows no such gap splits from it,
+        so it is due, published or lettered, from its own requests, never the bulk's clock."""
+        first, last = self.bulk_days()
+        gap = config.window_ms + config.allowed_lateness_ms
+        clock, chained = self.published_latest_ms, True
+        runs: list[tuple[list[int], int]] = []  # (windows, latest request) off the clock
+        for window, days in sorted(self.open_days.items()):
+            latest = max(ms for _, ms in days.values())
+            if any(first <= day <= last for day in days) and chained:
+                if clock is None or window - clock <= gap:
+                    clock = latest if clock is None else max(clock, latest)
+                    continue
+                chained = False
+            if runs and window - runs[-1][1] <= gap:
+                runs[-1] = (runs[-1][0] + [window], max(runs[-1][1], latest))
+            else:
+                runs.append(([window], latest))
+        return clock, {window: latest for windows, latest in runs for window in windows}
+
+    def latest_ms(self, config: StreamingConfig) -> int | None:
+        """The stream's clock (clocks)."""
+        return self.clocks(config)[0]
 
     def saw(
         self, config: StreamingConfig, window: int, timestamps: np.ndarray | int, now_ms: int
@@ -356,38 +378,45 @@ class Progress:
     def clock_moved(self, config: StreamingConfig, now_ms: int) -> None:
         """The open windows' deadlines against the stream's clock: passed from now_ms on, or no
         longer passed when the clock went back (the bulk moved off a stray clock's days)."""
-        latest = self.latest_ms(config)
+        clock, own = self.clocks(config)
         for window, passed in self.passed_ms.items():
+            latest = own.get(window, clock)
             if latest is None or config.deadline_ms(window) > latest:
                 self.passed_ms[window] = None
             elif passed is None:
                 self.passed_ms[window] = now_ms
 
-    def due_ms(self, config: StreamingConfig, window: int, latest_ms: int | None) -> int:
+    def due_ms(
+        self, config: StreamingConfig, window: int, latest_ms: int | None, witnessed: bool
+    ) -> int:
         """When (source's watermark) an open window is published: once every record produced
         before a request past its deadline came in; or, with none, once the source has been
         idle for config.idle_ms past the time the requests' clock (latest_ms), run on at the
         source's pace, would pass the deadline (a live stream's last window closes at its
-        deadline, a backfill's a moment after its last request: neither by the wall clock)."""
+        deadline, a backfill's a moment after its last request: neither by the wall clock).
+        Until the zero is witnessed, the first window waits MAX_GAP_DAYS more of the source's
+        clock: a witness produced later would be beyond the batch rule's gap; the final
+        watermark (a backfill's end, a drain) publishes it whatever."""
         to_deadline = max(config.deadline_ms(window) - (latest_ms or 0), 0)
         idle = self.arrived_ms + to_deadline + config.idle_ms
         passed = self.passed_ms[window]
-        return idle if passed is None else min(passed, idle)
+        due = idle if passed is None else min(passed, idle)
+        return due if witnessed else due + MAX_GAP_DAYS * DAY_MS
 
     def due(self, config: StreamingConfig, watermark_ms: int) -> list[int]:
         """The open windows due at watermark_ms, oldest first, with every older open window:
         windows go out in time order, so once one is published an older one's requests are
         late (and said so), never a window of their own after it."""
-        latest = self.latest_ms(config)
-        due = [w for w in self.passed_ms if self.due_ms(config, w, latest) <= watermark_ms]
+        due = [w for w, due_ms in self.deadlines(config).items() if due_ms <= watermark_ms]
         return sorted(w for w in self.passed_ms if due and w <= max(due))
 
     def deadlines(self, config: StreamingConfig) -> dict[int, int]:
         """Each open window's due time (source's watermark), a timer each: a watermark past
         several fires them all in one advance, none waiting for an earlier one's firing to
-        set it (a round trip through the runner per window: 1.5 s apart on Flink)."""
-        latest = self.latest_ms(config)
-        return {w: self.due_ms(config, w, latest) for w in self.passed_ms}
+        set it (a round trip through the runner per window: 1.5 s apart on Flink). A window
+        off the stream's clock runs on its own run's (clocks)."""
+        (latest, own), witnessed = self.clocks(config), self.witnessed()
+        return {w: self.due_ms(config, w, own.get(w, latest), witnessed) for w in self.passed_ms}
 
     def recut(
         self, config: StreamingConfig, origin_ms: int, waiting: list[tuple[int, HashedBatch]]

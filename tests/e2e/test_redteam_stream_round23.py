@@ -32,7 +32,6 @@ def published_times(output: Path) -> list[int]:
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 def test_a_reset_clocks_request_first_in_a_quiet_stream_never_becomes_the_zero(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
@@ -69,7 +68,6 @@ def test_a_reset_clocks_request_first_in_a_quiet_stream_never_becomes_the_zero(
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 def test_one_relative_time_first_in_a_quiet_stream_does_not_letter_every_request_after_it(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
@@ -101,7 +99,6 @@ def test_one_relative_time_first_in_a_quiet_stream_does_not_letter_every_request
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 def test_two_requests_hours_ahead_do_not_make_the_streams_next_requests_late(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
@@ -182,7 +179,6 @@ def test_a_batch_night_never_replaces_a_streams_published_window(
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 def test_a_stream_quiet_for_over_a_week_publishes_its_next_windows_at_their_deadlines(tmp_path):
     """Promise: once the watermark passes a window's end plus the allowed lateness (or the idle
     rule's time after it) the window is published whole (docs/STREAMING.md, first paragraph),

@@ -142,15 +142,15 @@ RESET = 365 * DAY  # a clock gone a year ahead
 @pytest.mark.beam
 def test_a_clock_reset_never_moves_the_streams_clock(tmp_path):
     """The stream's clock is its latest request within the bulk of its input so far (the batch
-    job's rule): a reset passes no open window's deadline, and deadlines a reset passed while it
-    was the bulk (a tie, the latest day wins) are open again once the bulk moves off it."""
+    job's rule): a reset passes no open window's deadline, even while it is the bulk (a tie,
+    the latest day wins): a window off the bulk runs on its own run's clock."""
     from kvtrace.pipelines.anonymize_streaming import Progress
 
     config = streaming_config(tmp_path, "x")
     progress = Progress()
     progress.saw(config, 0, [10_000], NOW)
     progress.saw(config, RESET, [RESET + 1], NOW + 1)  # one against one: the reset is the bulk
-    assert (progress.latest_ms(config), progress.passed_ms[0]) == (RESET + 1, NOW + 1)
+    assert (progress.latest_ms(config), progress.passed_ms[0]) == (RESET + 1, None)
     progress.saw(config, 0, [20_000], NOW + 2)  # the bulk is the real requests again
     assert (progress.latest_ms(config), progress.passed_ms) == (20_000, {0: None, RESET: None})
     progress.saw(config, MINUTE, [70_000], NOW + 3)  # a real request passes window 0's deadline
@@ -158,25 +158,30 @@ def test_a_clock_reset_never_moves_the_streams_clock(tmp_path):
 
 
 @pytest.mark.beam
-def test_a_lone_request_far_ahead_moves_the_clock_only_with_a_second_witness(tmp_path):
-    """A request more than a window and the allowed lateness ahead of the rest, alone in its
-    window (a producer's clock hours off, within the bulk's days), passes no deadline until a
-    second request stands beside it or after it; it waits in its window meanwhile."""
+def test_requests_beyond_a_gap_move_the_clock_only_once_it_fills(tmp_path):
+    """Requests more than a window and the allowed lateness ahead of the rest (a producer's
+    clock hours off, within the bulk's days), however many, pass no deadline of the bulk until
+    windows fill the gap; they run on their own run's clock meanwhile, so their own window is
+    passed by their own later requests (a stream resumed after a quiet)."""
     from kvtrace.pipelines.anonymize_streaming import Progress
 
     config = streaming_config(tmp_path, "x")
-    ahead = 9 * 3_600_000
+    ahead = 3 * MINUTE
     progress = Progress()
     progress.saw(config, 0, [10_000, 20_000], NOW)
-    progress.saw(config, ahead, [ahead + 1], NOW + 1)
+    progress.saw(config, ahead, [ahead + 1, ahead + 2], NOW + 1)
     assert (progress.latest_ms(config), progress.passed_ms) == (20_000, {0: None, ahead: None})
-    progress.saw(config, ahead, [ahead + 2], NOW + 2)  # a second witness
-    assert progress.latest_ms(config) == ahead + 2 and progress.passed_ms[0] == NOW + 2
-    later = Progress()
-    later.saw(config, 0, [10_000, 20_000], NOW)
-    later.saw(config, ahead, [ahead + 1], NOW + 1)
-    later.saw(config, ahead + 2 * MINUTE, [ahead + 2 * MINUTE], NOW + 2)  # one after it
-    assert later.latest_ms(config) == ahead + 1  # the first is witnessed, the second waits
+    progress.saw(config, MINUTE, [70_000], NOW + 2)  # the gap narrows: 110 s still
+    assert progress.latest_ms(config) == 70_000 and progress.passed_ms[ahead] is None
+    progress.saw(config, 2 * MINUTE, [130_000], NOW + 3)  # filled: the clock runs through
+    assert progress.latest_ms(config) == ahead + 2
+    assert progress.passed_ms == {0: NOW + 2, MINUTE: NOW + 3, 2 * MINUTE: NOW + 3, ahead: None}
+    resumed = Progress()
+    resumed.saw(config, 0, [10_000, 20_000], NOW)
+    resumed.saw(config, ahead, [ahead + 1], NOW + 1)
+    resumed.saw(config, ahead + MINUTE, [ahead + MINUTE + 1], NOW + 2)  # past its own deadline
+    assert resumed.latest_ms(config) == 20_000 and resumed.passed_ms[ahead] == NOW + 2
+    assert resumed.due(config, NOW + 2) == [0, ahead]
     near = Progress()
     near.saw(config, 0, [10_000], NOW)
     near.saw(config, MINUTE, [MINUTE + 1], NOW + 1)  # within a window of the clock: moves it
@@ -672,3 +677,20 @@ def test_the_writer_writes_plans_in_order_each_window_once_its_ids_are_back():
     assert ready == [] and book.next_seq == 0  # window 0 lacks an answer: nothing overtakes it
     ready, book = writable(book._replace(answers={**book.answers, 0: 2}), 2)
     assert ready == [0, 1, 2] and book == Book(3, {}, {})
+
+
+def test_the_first_window_waits_for_a_witness_a_bounded_time(tmp_path):
+    """One request alone fixes no zero: its window is due MAX_GAP_DAYS of the source's clock
+    later than it would be; a second request in the bulk makes it due as before."""
+    from helpers import streaming_config
+    from kvtrace.pipelines.anonymize_streaming import Progress
+    from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
+
+    config = streaming_config(tmp_path, "x")
+    alone = Progress()
+    alone.saw(config, 0, 1_000, NOW)
+    waiting = alone.deadlines(config)[0]
+    witnessed = Progress()
+    witnessed.saw(config, 0, [1_000, 1_000], NOW)
+    assert waiting == witnessed.deadlines(config)[0] + MAX_GAP_DAYS * DAY_MS
+    assert (alone.witnessed(), witnessed.witnessed()) == (False, True)

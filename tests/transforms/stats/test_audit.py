@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -125,3 +126,20 @@ def test_foreign_owners_are_one_line_for_the_folder(tmp_path):
     owners = [flag for flag in gate.flags if "owners kvtrace does not set" in flag]
     assert len(owners) == 1
     assert len(gate.flags) == MAX_FLAGS  # the rest are the strays' own lines
+
+
+def test_a_streams_rows_over_the_batch_rules_gap_apart_are_flagged():
+    """A stream whose zero (or a row) came from a clock gone wrong publishes rows years apart:
+    the gate refuses what the batch job would have lettered, across windows as within one."""
+    from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
+    from kvtrace.transforms.stats.audit import _check_stream_gap, _Gate
+
+    gate = _Gate()
+    last = _check_stream_gap("window-000000", np.array([0]), None, gate)
+    near = (MAX_GAP_DAYS + 1) * DAY_MS - 1  # may lie within the rule's days: passes
+    assert _check_stream_gap("window-000001", np.array([near, near + 5]), last, gate) == near + 5
+    assert gate.flags == []
+    far = near + 5 + (MAX_GAP_DAYS + 1) * DAY_MS
+    _check_stream_gap("window-000002", np.array([far]), near + 5, gate)
+    _check_stream_gap("window-000003", np.array([far, far + 30 * DAY_MS]), None, gate)
+    assert [flag.split(":")[0] for flag in gate.flags] == ["window-000002", "window-000003"]
