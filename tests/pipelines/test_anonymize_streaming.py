@@ -679,6 +679,7 @@ def test_the_writer_writes_plans_in_order_each_window_once_its_ids_are_back():
     assert ready == [0, 1, 2] and book == Book(3, {}, {})
 
 
+@pytest.mark.beam  # PublishWindows: Beam in this process
 def test_the_first_window_waits_for_a_witness_a_bounded_time(tmp_path):
     """One request alone fixes no zero: its window is due MAX_GAP_DAYS of the source's clock
     later than it would be; a second request in the bulk makes it due as before."""
