@@ -236,3 +236,38 @@ def test_a_litellm_callback_log_keeps_the_sessions_its_spend_log_twin_keeps(tmp_
     assert (code, dead) == (0, [])
     assert rows[0].get("session") is not None
     assert rows[0].get("session") == rows[1].get("session")
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 23")
+def test_a_litellm_payload_with_its_messages_redacted_is_not_exported_as_a_prompt(tmp_path):
+    """Never a made-up length (a variant of the cut spend-log row: the log's writer replaced
+    the text). With `turn_off_message_logging` (or a callback that opts out of message
+    logging) LiteLLM's standard logging payload keeps its other fields, `prompt_tokens`
+    included, but its `messages` become one user message holding a fixed placeholder. kvtrace
+    renders the placeholder: two different conversations (1,200 and 3,400 prompt tokens by the
+    engine's count) are exported as the same few-token prompt with the same block ids, a
+    prefix hit the engine never had. Promised: a request whose text the log does not hold is
+    never exported with the placeholder's length: a dead letter saying so."""
+    served = {
+        "id": "chatcmpl-0",
+        "call_type": "acompletion",
+        "status": "success",
+        "startTime": T0 / 1000,
+        "messages": USER,
+        "model_parameters": {},
+        "completion_tokens": 4,
+    }
+    redacted = [
+        {
+            **served,
+            "id": f"chatcmpl-{turn}",
+            "startTime": T0 / 1000 + turn,
+            "messages": [{"role": "user", "content": "redacted-by-litellm"}],
+            "prompt_tokens": prompt_tokens,
+        }
+        for turn, prompt_tokens in ((1, 1200), (2, 3400))
+    ]
+    code, rows, dead = _run(tmp_path, [served, *redacted], "--max-rejected-fraction", "1")
+    assert code == 0
+    assert len(rows) == 1
+    assert len(dead) == 2
