@@ -203,7 +203,6 @@ def test_a_spend_log_row_whose_request_the_proxy_cut_is_not_exported_with_the_cu
     assert len(rows) + len(dead) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 def test_a_litellm_callback_log_keeps_the_sessions_its_spend_log_twin_keeps(tmp_path):
     """Sessions neither split nor merged; a real writer's file reads as its twin. A client
     groups its calls into a session by LiteLLM's `litellm_session_id` (or the older

@@ -728,10 +728,22 @@ def _count(value: int, name: str) -> int:
     return value
 
 
+# Where a record keeps its session id, first found wins; LiteLLM's standard logging payload
+# (its body the record itself, its tools in `model_parameters`) keeps the client's
+# litellm_session_id as its `trace_id`, which its spend-log twin writes as `session_id`.
+SESSION_FIELDS = ("session_id", "conversation_id")
+LITELLM_PAYLOAD_SESSION_FIELD = "trace_id"
+
+
 def _session(record: dict, body: dict) -> str | None:
+    payload = body is record and isinstance(record.get("model_parameters"), dict)
+    names = (*SESSION_FIELDS, LITELLM_PAYLOAD_SESSION_FIELD) if payload else SESSION_FIELDS
     for holder in (record, body):
-        for name in ("session_id", "conversation_id"):
+        for name in names:
             value = holder.get(name)
+            if name == LITELLM_PAYLOAD_SESSION_FIELD and value is not None:
+                if not isinstance(value, str):  # LiteLLM writes a string (a uuid)
+                    raise Rejected("wrong_type", f"{name} is a {type(value).__name__}")
             if value is None or value == "":  # "" is no id: it would join unrelated requests
                 continue
             if isinstance(value, int) and not -(2**63) <= value < 2**63:

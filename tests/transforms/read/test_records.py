@@ -877,3 +877,13 @@ def test_a_response_of_many_sequences_is_unsupported_however_the_request_was_log
 )
 def test_one_sequence_not_echoed_is_read(parameters):
     assert parse({"request": {"prompt": "hi", **parameters}, **TS}).prompt == "hi"
+
+
+def test_a_litellm_payloads_trace_id_is_its_session_and_no_other_records():
+    """LiteLLM's standard logging payload keeps the client's session as `trace_id` (its
+    spend-log twin as `session_id`); another log's `trace_id` names no session."""
+    payload = {"messages": USER, "model_parameters": {}, "trace_id": "t1", **TS}
+    assert parse(payload).session == "t1"
+    assert parse({**payload, "session_id": "s"}).session == "s"
+    assert parse({"messages": USER, "trace_id": "t1", **TS}).session is None
+    assert reason({**payload, "trace_id": 7}) == "wrong_type"
