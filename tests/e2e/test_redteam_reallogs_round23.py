@@ -160,7 +160,6 @@ def _as_spend_log_stores_it(text: str) -> str:
     return f"{text[:head]}... (litellm_truncated skipped {left_out} chars) ...{text[-tail:]}"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 def test_a_spend_log_row_whose_request_the_proxy_cut_is_not_exported_with_the_cut_length(tmp_path):
     """Never a made-up length; exactly what the engine would see. LiteLLM's spend-log rows are
     read for their request (`proxy_server_request`), but the proxy stores that request with
@@ -237,7 +236,6 @@ def test_a_litellm_callback_log_keeps_the_sessions_its_spend_log_twin_keeps(tmp_
     assert rows[0].get("session") == rows[1].get("session")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 def test_a_litellm_payload_with_its_messages_redacted_is_not_exported_as_a_prompt(tmp_path):
     """Never a made-up length (a variant of the cut spend-log row: the log's writer replaced
     the text). With `turn_off_message_logging` (or a callback that opts out of message

@@ -58,6 +58,23 @@ FAILED_STATUSES = frozenset({"failure", "failed", "error"})
 # A response's `object` that no generation endpoint returns (an embeddings call's list of
 # embeddings, a model list): its request was no generation, whatever its fields look like.
 NOT_GENERATION_OBJECTS = frozenset({"list", "embedding", "model", "moderation", "file"})
+# Markers a log's writer leaves where it altered a request's text, so the engine's text is not
+# in the log: its name, a pattern a string holding the marker matches, and what it means.
+# LiteLLM's spend logs cut each long string to its two ends around a count of what they left
+# out; its payloads (turn_off_message_logging, a callback that opts out) replace every message
+# by a placeholder. An alteration with no marker here cannot be told from text (docs/BOUNDS.md).
+ALTERATION_MARKERS = (
+    (
+        "litellm_truncated",
+        re.compile(r"\.\.\. \(litellm_truncated skipped \d+ chars\) \.\.\."),
+        "LiteLLM's spend log cut a string of it",
+    ),
+    (
+        "redacted-by-litellm",
+        re.compile(r"\A\s*redacted-by-litellm\s*\Z"),
+        "LiteLLM logged a placeholder for its text",
+    ),
+)
 ONE_OBJECT_PER_LINE = (
     "kvtrace reads one JSON object per line (JSONL), not pretty-printed JSON or a JSON array: "
     "jq -c . (objects) or jq -c '.[]' (an array) writes it so"
@@ -413,6 +430,7 @@ def _request(
     if batch and body is record:
         raise Rejected("unjoined_batch", f"a Batch output line holds no request: {BATCH_JOIN}")
     _check_outcome(record, response)
+    _check_unaltered(body, line)
     sent = chat.request_fields(record, body)
     _check_one_sequence(sent, response)
     fields: dict[str, Any] = {"kind": kind}
@@ -524,6 +542,29 @@ def _check_outcome(record: dict[str, Any], response: dict | list | None) -> None
         raise Rejected(
             "unsupported_request", f"the response is a {kind!r} object: not a generation"
         )
+
+
+def _check_unaltered(body: dict[str, Any], line: bytes) -> None:
+    """Refuse a request whose log holds a writer's alteration marker (ALTERATION_MARKERS) in
+    any string of it: the text the engine saw is not in the log, and its length would be made
+    up. Each marker's name is in the text of a string holding it, so a line naming none is
+    passed without a walk."""
+    markers = [marker for marker in ALTERATION_MARKERS if marker[0].encode() in line]
+    level: list[Any] = [body] if markers else []
+    while level:
+        strings = [node for node in level if type(node) is str]
+        for name, pattern, meaning in markers:
+            if any(pattern.search(text) for text in strings):
+                raise Rejected(
+                    "altered_text",
+                    f"the request's text holds {name!r}: {meaning}, so its length is unknown",
+                )
+        level = [
+            child
+            for node in level
+            if type(node) in (dict, list)
+            for child in (node.values() if type(node) is dict else node)
+        ]
 
 
 # Sampling parameters by which the engine generates more than one sequence a request (their

@@ -887,3 +887,24 @@ def test_a_litellm_payloads_trace_id_is_its_session_and_no_other_records():
     assert parse({**payload, "session_id": "s"}).session == "s"
     assert parse({"messages": USER, "trace_id": "t1", **TS}).session is None
     assert reason({**payload, "trace_id": 7}) == "wrong_type"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "head... (litellm_truncated skipped 2345 chars) ...tail",
+        "redacted-by-litellm",
+        " redacted-by-litellm\n",
+    ],
+)
+def test_a_request_whose_text_its_logs_writer_altered_is_refused(text):
+    """Wherever the marker sits in the request (a message, a tool), never read as text."""
+    assert reason({"messages": [{"role": "user", "content": text}], **TS}) == "altered_text"
+    tools = [{"type": "function", "function": {"name": "f", "description": text}}]
+    assert reason({"request": {"messages": USER, "tools": tools}, **TS}) == "altered_text"
+
+
+def test_a_marker_named_in_passing_is_text():
+    """Only the marker as its writer leaves it: a message that talks about one is read."""
+    for text in ("why is my prompt redacted-by-litellm?", "litellm_truncated skipped 5 chars"):
+        assert parse({"messages": [{"role": "user", "content": text}], **TS}).kind == "chat"
