@@ -39,7 +39,6 @@ def _run(tmp_path: Path, records: list[dict], *options: str) -> tuple[int, list[
     return code, trace(out) if out.exists() else [], letters(dead) if dead.exists() else []
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 def test_a_responses_stream_with_a_keepalive_event_exports_the_count_its_usage_gives(tmp_path):
     """Never a made-up length. A Responses API stream logged as its events may hold an event
     whose type is not `response.*`: OpenAI's stream sends `{"type": "keepalive"}` while a
@@ -92,7 +91,6 @@ def test_a_responses_stream_with_a_keepalive_event_exports_the_count_its_usage_g
     assert [row["output_length"] for row in rows] == [9]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 def test_an_anthropic_stream_cut_short_counts_the_text_it_streamed(tmp_path):
     """Usage and text agree across shapes; never a made-up length (the Anthropic variant of
     round 22's cut-short Responses stream). An Anthropic Messages stream logged as its events

@@ -733,7 +733,26 @@ def _output(
             for name in ("completion_tokens", "output_tokens"):
                 if usage.get(name) is not None:
                     return None, _count(usage[name], f"usage.{name}")
-    return chat.generated_text(response), None
+    text = chat.generated_text(response)
+    if text is None and response and not chat.holds_generation(response):
+        raise Rejected("unread_response", f"{_shape(response)}: no usage or generation read")
+    return text, None
+
+
+def _shape(response: dict | list) -> str:
+    """A logged response's shape in a few words, for a letter: its first object's type or
+    fields (bounded)."""
+    first = response[0] if isinstance(response, list) else response
+    kind = first.get("type") if isinstance(first, dict) else None
+    if isinstance(kind, str):
+        what = f"type {kind[:40]!r}"
+    elif isinstance(first, dict):
+        what = f"fields {', '.join(sorted(str(name)[:24] for name in first)[:6])}"
+    else:
+        what = type(first).__name__
+    if isinstance(response, list):
+        return f"the logged response, a list of {len(response)} (the first of {what})"
+    return f"the logged response, an object of {what}"
 
 
 # Where a usage object keeps the engine's cached prompt tokens (shapes.USAGE), first found wins.

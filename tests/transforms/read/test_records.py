@@ -728,7 +728,8 @@ CHAT = {"timestamp": 0, "messages": [{"role": "user", "content": "hi"}]}
     ],
 )
 def test_the_engines_cached_tokens_in_each_response_shape(fields, cached):
-    assert parse({**CHAT, **fields}).cached_tokens == cached
+    # A generated count beside: a response of usage alone says no output (unread_response).
+    assert parse({**CHAT, "output_length": 2, **fields}).cached_tokens == cached
 
 
 def test_a_batch_output_lines_cached_tokens():
@@ -738,7 +739,10 @@ def test_a_batch_output_lines_cached_tokens():
         "url": "/v1/chat/completions",
         "response": {
             "status_code": 200,
-            "body": {"created": 1, "usage": {"prompt_tokens_details": {"cached_tokens": 3}}},
+            "body": {
+                "created": 1,
+                "usage": {"completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 3}},
+            },
         },
     }
     assert parse(line).cached_tokens == 3
@@ -908,3 +912,29 @@ def test_a_marker_named_in_passing_is_text():
     """Only the marker as its writer leaves it: a message that talks about one is read."""
     for text in ("why is my prompt redacted-by-litellm?", "litellm_truncated skipped 5 chars"):
         assert parse({"messages": [{"role": "user", "content": text}], **TS}).kind == "chat"
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        {"id": "r", "model": "m"},  # no usage, no choices, no output
+        [{"type": "keepalive"}, {"type": "something"}],
+        [{"choices": []}],
+    ],
+)
+def test_a_logged_response_no_reader_reads_is_a_letter_not_a_defaulted_length(response):
+    assert reason({"messages": USER, "response": response, **TS}) == "unread_response"
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        {},  # a writer that kept no response (LiteLLM's spend log without it)
+        {"choices": [{"message": {"role": "assistant"}}]},  # generated nothing
+        {"output": []},
+        [{"choices": [{"delta": {"role": "assistant"}}]}],
+    ],
+)
+def test_a_response_holding_an_empty_generation_defaults_its_length(response):
+    request = parse({"messages": USER, "response": response, **TS})
+    assert request.output_length is None and "output_length" in request.defaulted
