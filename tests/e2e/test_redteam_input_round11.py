@@ -86,9 +86,9 @@ def _chunked_log(path, list_type: str) -> None:
     else:
         response = pa.ListArray.from_arrays(pa.array([0, 2], pa.int32()), chunks)
     messages = pa.array([[{"role": "user", "content": "hello"}]])
-    pq.write_table(
-        pa.table({"timestamp": pa.array([start]), "messages": messages, "response": response}), path
-    )
+    # The generated count beside: chunks of no shape a reader reads say none (unread_response).
+    columns = {"timestamp": pa.array([start]), "output_length": pa.array([2])}
+    pq.write_table(pa.table({**columns, "messages": messages, "response": response}), path)
 
 
 def _published_response_ms(tokenizer: str, log, out) -> tuple[list, list[str]]:

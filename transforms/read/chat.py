@@ -505,7 +505,7 @@ def generated_text(response: Any) -> str | None:
     for chunk in chunks:
         if not isinstance(chunk, dict):
             continue
-        for piece in _generated_pieces(chunk):
+        for piece in _generated_pieces(chunk) or ():
             found = True
             if isinstance(piece, str):
                 texts.append(piece)
@@ -514,16 +514,29 @@ def generated_text(response: Any) -> str | None:
     return "".join(texts) if found else None
 
 
-def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
+def holds_generation(response: Any) -> bool:
+    """Whether a response holds a place where what was generated is read (generated_text), if
+    empty: a first sequence's message, delta or text; a Responses `output`; an Anthropic
+    message's `content`."""
+    chunks = response if isinstance(response, list) else [response]
+    return any(isinstance(c, dict) and _generated_pieces(c) is not None for c in chunks)
+
+
+def _generated_pieces(chunk: dict[str, Any]) -> list[Any] | None:
+    """What a chunk generated, in order; None when it holds no place a generation is read."""
     pieces: list[Any] = []
+    held = False
     choice = _first_sequence(chunk.get("choices"))
     if choice is not None:
         message = choice.get("message", choice.get("delta"))
         if isinstance(message, dict):
             pieces += message_pieces(message)
+            held = True
         elif "text" in choice:
             pieces.append(choice.get("text"))
+            held = True
     output = chunk.get("output")
+    held = held or isinstance(output, list)
     for item in output if isinstance(output, list) else []:  # Responses API
         if not isinstance(item, dict):
             continue
@@ -533,13 +546,14 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
             if isinstance(part, dict):  # a refusal part's text generated too, as text_of reads it
                 pieces.append(part.get("refusal" if type_of(part) == "refusal" else "text"))
     if chunk.get("type") == "message" and isinstance(chunk.get("content"), list):  # Anthropic
+        held = True
         for block in chunk["content"]:
             if isinstance(block, dict):
                 if type_of(block) == "tool_use":
                     pieces += [block.get("name"), block.get("input")]
                 else:
                     pieces.append(block.get("text", block.get("thinking")))
-    return [p for p in pieces if isinstance(p, (str, dict, list))]
+    return [p for p in pieces if isinstance(p, (str, dict, list))] if held else None
 
 
 def _first_sequence(choices: Any) -> dict[str, Any] | None:

@@ -58,6 +58,23 @@ FAILED_STATUSES = frozenset({"failure", "failed", "error"})
 # A response's `object` that no generation endpoint returns (an embeddings call's list of
 # embeddings, a model list): its request was no generation, whatever its fields look like.
 NOT_GENERATION_OBJECTS = frozenset({"list", "embedding", "model", "moderation", "file"})
+# Markers a log's writer leaves where it altered a request's text, so the engine's text is not
+# in the log: its name, a pattern a string holding the marker matches, and what it means.
+# LiteLLM's spend logs cut each long string to its two ends around a count of what they left
+# out; its payloads (turn_off_message_logging, a callback that opts out) replace every message
+# by a placeholder. An alteration with no marker here cannot be told from text (docs/BOUNDS.md).
+ALTERATION_MARKERS = (
+    (
+        "litellm_truncated",
+        re.compile(r"\.\.\. \(litellm_truncated skipped \d+ chars\) \.\.\."),
+        "LiteLLM's spend log cut a string of it",
+    ),
+    (
+        "redacted-by-litellm",
+        re.compile(r"\A\s*redacted-by-litellm\s*\Z"),
+        "LiteLLM logged a placeholder for its text",
+    ),
+)
 ONE_OBJECT_PER_LINE = (
     "kvtrace reads one JSON object per line (JSONL), not pretty-printed JSON or a JSON array: "
     "jq -c . (objects) or jq -c '.[]' (an array) writes it so"
@@ -413,6 +430,7 @@ def _request(
     if batch and body is record:
         raise Rejected("unjoined_batch", f"a Batch output line holds no request: {BATCH_JOIN}")
     _check_outcome(record, response)
+    _check_unaltered(body, line)
     sent = chat.request_fields(record, body)
     _check_one_sequence(sent, response)
     fields: dict[str, Any] = {"kind": kind}
@@ -524,6 +542,29 @@ def _check_outcome(record: dict[str, Any], response: dict | list | None) -> None
         raise Rejected(
             "unsupported_request", f"the response is a {kind!r} object: not a generation"
         )
+
+
+def _check_unaltered(body: dict[str, Any], line: bytes) -> None:
+    """Refuse a request whose log holds a writer's alteration marker (ALTERATION_MARKERS) in
+    any string of it: the text the engine saw is not in the log, and its length would be made
+    up. Each marker's name is in the text of a string holding it, so a line naming none is
+    passed without a walk."""
+    markers = [marker for marker in ALTERATION_MARKERS if marker[0].encode() in line]
+    level: list[Any] = [body] if markers else []
+    while level:
+        strings = [node for node in level if type(node) is str]
+        for name, pattern, meaning in markers:
+            if any(pattern.search(text) for text in strings):
+                raise Rejected(
+                    "altered_text",
+                    f"the request's text holds {name!r}: {meaning}, so its length is unknown",
+                )
+        level = [
+            child
+            for node in level
+            if type(node) in (dict, list)
+            for child in (node.values() if type(node) is dict else node)
+        ]
 
 
 # Sampling parameters by which the engine generates more than one sequence a request (their
@@ -692,7 +733,26 @@ def _output(
             for name in ("completion_tokens", "output_tokens"):
                 if usage.get(name) is not None:
                     return None, _count(usage[name], f"usage.{name}")
-    return chat.generated_text(response), None
+    text = chat.generated_text(response)
+    if text is None and response and not chat.holds_generation(response):
+        raise Rejected("unread_response", f"{_shape(response)}: no usage or generation read")
+    return text, None
+
+
+def _shape(response: dict | list) -> str:
+    """A logged response's shape in a few words, for a letter: its first object's type or
+    fields (bounded)."""
+    first = response[0] if isinstance(response, list) else response
+    kind = first.get("type") if isinstance(first, dict) else None
+    if isinstance(kind, str):
+        what = f"type {kind[:40]!r}"
+    elif isinstance(first, dict):
+        what = f"fields {', '.join(sorted(str(name)[:24] for name in first)[:6])}"
+    else:
+        what = type(first).__name__
+    if isinstance(response, list):
+        return f"the logged response, a list of {len(response)} (the first of {what})"
+    return f"the logged response, an object of {what}"
 
 
 # Where a usage object keeps the engine's cached prompt tokens (shapes.USAGE), first found wins.
@@ -728,10 +788,22 @@ def _count(value: int, name: str) -> int:
     return value
 
 
+# Where a record keeps its session id, first found wins; LiteLLM's standard logging payload
+# (its body the record itself, its tools in `model_parameters`) keeps the client's
+# litellm_session_id as its `trace_id`, which its spend-log twin writes as `session_id`.
+SESSION_FIELDS = ("session_id", "conversation_id")
+LITELLM_PAYLOAD_SESSION_FIELD = "trace_id"
+
+
 def _session(record: dict, body: dict) -> str | None:
+    payload = body is record and isinstance(record.get("model_parameters"), dict)
+    names = (*SESSION_FIELDS, LITELLM_PAYLOAD_SESSION_FIELD) if payload else SESSION_FIELDS
     for holder in (record, body):
-        for name in ("session_id", "conversation_id"):
+        for name in names:
             value = holder.get(name)
+            if name == LITELLM_PAYLOAD_SESSION_FIELD and value is not None:
+                if not isinstance(value, str):  # LiteLLM writes a string (a uuid)
+                    raise Rejected("wrong_type", f"{name} is a {type(value).__name__}")
             if value is None or value == "":  # "" is no id: it would join unrelated requests
                 continue
             if isinstance(value, int) and not -(2**63) <= value < 2**63:

@@ -30,7 +30,9 @@ such a list as its final response object, so every reader reads it as the respon
 whole. A stream cut short holds no final output: its output items are rebuilt from the events
 (each delta into the part of the item it names), so chat.generated_text, the one reader of what
 a response generated, reads them as it reads a response logged whole (a reasoning item's
-content, else its summary).
+content, else its summary). An Anthropic stream's text is in its content_block_delta events:
+the message they built is read after them, through the same table (DELTA_TARGETS), so a stream
+cut short before its usage is counted by what it streamed.
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ TEXT_DELTA_FIELDS = dict.fromkeys(
 RESPONSES_EVENT_PREFIX = "response."
 # The event a Responses API stream ends in when it fails mid-way (its type has no prefix).
 ERROR_EVENT = "error"
+# Events a stream sends to hold its connection open, which no reader needs: skipped.
+IDLE_EVENTS = frozenset({"keepalive", "ping"})
+# The events that tell an Anthropic Messages stream: its message opened, its content blocks.
+ANTHROPIC_START_EVENT = "message_start"
+ANTHROPIC_BLOCK_START_EVENT = "content_block_start"
+ANTHROPIC_DELTA_EVENT = "content_block_delta"
+ANTHROPIC_EVENTS = frozenset(
+    {ANTHROPIC_START_EVENT, ANTHROPIC_BLOCK_START_EVENT, ANTHROPIC_DELTA_EVENT}
+)
 # The delta events that carry generated text, and where each goes in the output item it builds:
 # (the item's type, its field, the type of the part in that field, None for the field itself).
 DELTA_TARGETS = {
@@ -70,19 +81,42 @@ DELTA_TARGETS = {
     "response.reasoning_text.delta": ("reasoning", "content", "reasoning_text"),
     "response.reasoning_summary_text.delta": ("reasoning", "summary", "summary_text"),
     "response.function_call_arguments.delta": ("function_call", "arguments", None),
+    # Anthropic's content_block_delta, by its delta's type: the block's type and field.
+    "text_delta": ("text", "text", None),
+    "thinking_delta": ("thinking", "thinking", None),
+    "input_json_delta": ("tool_use", "input", None),
+}
+# Where an Anthropic delta holds its text, by its type (DELTA_TARGETS names where it goes).
+ANTHROPIC_DELTA_TEXT = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "input_json_delta": "partial_json",
 }
 # The event that opens an output item: a function call's name is generated there, not in a delta.
 ITEM_ADDED_EVENT = "response.output_item.added"
 
 
 def final_response(response: Any) -> Any:
-    """A Responses API stream logged as its events (each an object whose `type` is ERROR_EVENT
-    or starts with RESPONSES_EVENT_PREFIX) as its final response: the last event's `response`
+    """A stream logged as its events (each an object with a string `type`; IDLE_EVENTS
+    skipped) as its readers read it. A Responses API stream (an event's type ERROR_EVENT or
+    starting with RESPONSES_EVENT_PREFIX) as its final response: the last event's `response`
     object, held to the response's shape, its output the items the events built (_built_output)
-    when no such object holds any; an error event's code and message as its `error` (a failed call, as
-    a chat stream's error chunk is: records._check_outcome); any other response as it is."""
+    when no such object holds any; an error event's code and message as its `error` (a failed
+    call, as a chat stream's error chunk is: records._check_outcome). An Anthropic Messages
+    stream (an event in ANTHROPIC_EVENTS) as its events and, last, the message its content
+    blocks built (_anthropic_message), so what it generated is read as a whole message's is,
+    its usage as before. Any other response as it is."""
     if type(response) is not list or not response or not all(map(_is_event, response)):
         return response
+    kinds = {event["type"] for event in response}
+    if not ANTHROPIC_EVENTS.isdisjoint(kinds):
+        return [*response, _anthropic_message(response, (None, "response"))]
+    if not any(kind == ERROR_EVENT or kind.startswith(RESPONSES_EVENT_PREFIX) for kind in kinds):
+        return response
+    return _responses_final([event for event in response if event["type"] not in IDLE_EVENTS])
+
+
+def _responses_final(response: list[dict[str, Any]]) -> dict[str, Any]:
     path: Path = (None, "response")
     final: dict[str, Any] = {}
     for index in range(len(response) - 1, -1, -1):
@@ -102,8 +136,39 @@ def final_response(response: Any) -> Any:
 
 
 def _is_event(event: Any) -> bool:
-    kind = event.get("type") if type(event) is dict else None
-    return type(kind) is str and (kind == ERROR_EVENT or kind.startswith(RESPONSES_EVENT_PREFIX))
+    return type(event) is dict and type(event.get("type")) is str
+
+
+def _anthropic_message(events: list[dict[str, Any]], path: Path) -> dict[str, Any]:
+    """The message an Anthropic stream's events built, as a message logged whole holds it: each
+    content block opened (content_block_start: its type, a tool's name) or named by a delta (its
+    `index`), in index order, each delta's text joined into the block's field DELTA_TARGETS
+    gives (a tool's input as the JSON text it streamed)."""
+    blocks: dict[Any, dict[str, Any]] = {}
+    pieces: dict[tuple[Any, str], list[str]] = defaultdict(list)
+    for index, event in enumerate(events):
+        kind, where = event["type"], (path, index)
+        at = event.get("index")
+        at = at if type(at) is int else None  # Anthropic numbers its blocks
+        if kind == ANTHROPIC_BLOCK_START_EVENT:
+            block = event.get("content_block")
+            if type(block) is dict and type(block.get("type")) is str:
+                opened = blocks.setdefault(at, {"type": block["type"]})
+                if block["type"] == "tool_use":
+                    opened["name"] = _text(block.get("name"), (where, "content_block"), "name")
+        elif kind == ANTHROPIC_DELTA_EVENT:
+            delta = event.get("delta")
+            delta_type = delta.get("type") if type(delta) is dict else None
+            if type(delta_type) is not str or delta_type not in ANTHROPIC_DELTA_TEXT:
+                continue  # a signature: nothing generated
+            block_type, field, _ = DELTA_TARGETS[delta_type]
+            text = _text(delta.get(ANTHROPIC_DELTA_TEXT[delta_type]), (where, "delta"), "text")
+            blocks.setdefault(at, {"type": block_type})
+            pieces[at, field].append(text)
+    for (block, field), texts in pieces.items():
+        blocks[block][field] = "".join(texts)
+    ordered = sorted(blocks.items(), key=lambda item: (item[0] is None, item[0] or 0))
+    return {"type": "message", "content": [block for _, block in ordered]}
 
 
 def _built_output(events: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
@@ -124,7 +189,7 @@ def _built_output(events: list[dict[str, Any]], path: Path) -> list[dict[str, An
                 continue
             name = _text(item.get("name"), (where, "item"), "name")
             _item(items, _key(event, item.get("id"), indexes), "function_call")["name"] = name
-        elif (target := DELTA_TARGETS.get(kind)) is not None:
+        elif kind.startswith(RESPONSES_EVENT_PREFIX) and (target := DELTA_TARGETS.get(kind)):
             text = _text(event.get("delta"), where, "delta")
             item_type, field, part_type = target
             key = (_key(event, event.get("item_id"), indexes), item_type)

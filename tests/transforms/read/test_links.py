@@ -91,6 +91,6 @@ def test_a_record_without_links_has_none():
 def test_links_are_read_only_when_asked():
     """Without --emit-parents no response is walked for them, nor a previous_response_id
     checked: runs that publish no parent_row read their logs as before."""
-    record = {**RESPONSES, "previous_response_id": 7, "response": {"id": "resp_a"}}
+    record = {**RESPONSES, "previous_response_id": 7, "response": {"id": "resp_a", "output": []}}
     request = parsed(record, links=False)
     assert (request.links, request.continues) == ((), None)

@@ -728,7 +728,8 @@ CHAT = {"timestamp": 0, "messages": [{"role": "user", "content": "hi"}]}
     ],
 )
 def test_the_engines_cached_tokens_in_each_response_shape(fields, cached):
-    assert parse({**CHAT, **fields}).cached_tokens == cached
+    # A generated count beside: a response of usage alone says no output (unread_response).
+    assert parse({**CHAT, "output_length": 2, **fields}).cached_tokens == cached
 
 
 def test_a_batch_output_lines_cached_tokens():
@@ -738,7 +739,10 @@ def test_a_batch_output_lines_cached_tokens():
         "url": "/v1/chat/completions",
         "response": {
             "status_code": 200,
-            "body": {"created": 1, "usage": {"prompt_tokens_details": {"cached_tokens": 3}}},
+            "body": {
+                "created": 1,
+                "usage": {"completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 3}},
+            },
         },
     }
     assert parse(line).cached_tokens == 3
@@ -877,3 +881,60 @@ def test_a_response_of_many_sequences_is_unsupported_however_the_request_was_log
 )
 def test_one_sequence_not_echoed_is_read(parameters):
     assert parse({"request": {"prompt": "hi", **parameters}, **TS}).prompt == "hi"
+
+
+def test_a_litellm_payloads_trace_id_is_its_session_and_no_other_records():
+    """LiteLLM's standard logging payload keeps the client's session as `trace_id` (its
+    spend-log twin as `session_id`); another log's `trace_id` names no session."""
+    payload = {"messages": USER, "model_parameters": {}, "trace_id": "t1", **TS}
+    assert parse(payload).session == "t1"
+    assert parse({**payload, "session_id": "s"}).session == "s"
+    assert parse({"messages": USER, "trace_id": "t1", **TS}).session is None
+    assert reason({**payload, "trace_id": 7}) == "wrong_type"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "head... (litellm_truncated skipped 2345 chars) ...tail",
+        "redacted-by-litellm",
+        " redacted-by-litellm\n",
+    ],
+)
+def test_a_request_whose_text_its_logs_writer_altered_is_refused(text):
+    """Wherever the marker sits in the request (a message, a tool), never read as text."""
+    assert reason({"messages": [{"role": "user", "content": text}], **TS}) == "altered_text"
+    tools = [{"type": "function", "function": {"name": "f", "description": text}}]
+    assert reason({"request": {"messages": USER, "tools": tools}, **TS}) == "altered_text"
+
+
+def test_a_marker_named_in_passing_is_text():
+    """Only the marker as its writer leaves it: a message that talks about one is read."""
+    for text in ("why is my prompt redacted-by-litellm?", "litellm_truncated skipped 5 chars"):
+        assert parse({"messages": [{"role": "user", "content": text}], **TS}).kind == "chat"
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        {"id": "r", "model": "m"},  # no usage, no choices, no output
+        [{"type": "keepalive"}, {"type": "something"}],
+        [{"choices": []}],
+    ],
+)
+def test_a_logged_response_no_reader_reads_is_a_letter_not_a_defaulted_length(response):
+    assert reason({"messages": USER, "response": response, **TS}) == "unread_response"
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        {},  # a writer that kept no response (LiteLLM's spend log without it)
+        {"choices": [{"message": {"role": "assistant"}}]},  # generated nothing
+        {"output": []},
+        [{"choices": [{"delta": {"role": "assistant"}}]}],
+    ],
+)
+def test_a_response_holding_an_empty_generation_defaults_its_length(response):
+    request = parse({"messages": USER, "response": response, **TS})
+    assert request.output_length is None and "output_length" in request.defaulted

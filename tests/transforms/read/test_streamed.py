@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.chat import generated_text
 from kvtrace.transforms.read.records import (
     ParseOptions,
     Request,
@@ -381,3 +382,56 @@ def test_a_refusal_part_is_generated_text_streamed_or_whole() -> None:
     ]
     assert final_response(events)["output"] == [refusal]
     assert whole.output_text == read_value(record(events)).output_text == "No."
+
+
+def test_a_responses_stream_skips_an_idle_event_and_reads_its_final_response():
+    done = {"usage": {"output_tokens": 9}, "output": []}
+    events = [
+        {"type": "response.created", "response": {"output": []}},
+        {"type": "keepalive"},
+        {"type": "response.completed", "response": done},
+    ]
+    assert final_response(events) == done
+
+
+def test_an_anthropic_stream_cut_short_reads_as_the_message_its_blocks_built():
+    events = [
+        {"type": "message_start", "message": {"type": "message", "content": []}},
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "tool_use", "name": "f"},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '{"a"'},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": ": 1}"},
+        },
+        {"type": "ping"},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "signature_delta", "signature": "s"},
+        },
+    ]
+    read = final_response(events)
+    assert read[:-1] == events  # every other reader reads the events as logged
+    assert read[-1] == {
+        "type": "message",
+        "content": [
+            {"type": "text", "text": "hi"},
+            {"type": "tool_use", "name": "f", "input": '{"a": 1}'},
+        ],
+    }
+    assert generated_text(read) == 'hif{"a": 1}'
+
+
+def test_a_list_of_other_typed_objects_is_no_stream_of_events():
+    chunks = [{"type": "keepalive"}, {"type": "something"}]
+    assert final_response(chunks) is chunks
