@@ -37,7 +37,6 @@ night._stage_record = _damaged
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 23")
 @pytest.mark.parametrize("damage", sorted(_STAGED_DAMAGE))
 def test_a_beam_nights_staged_record_damaged_short_of_its_files_commits_nothing(
     tiny_tokenizer, tmp_path, damage

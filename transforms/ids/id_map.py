@@ -527,10 +527,13 @@ def segment_folder(version: int, run_id: str) -> str:
     return f"{version:06d}-{run_id}"
 
 
+def run_folder(directory: str, version: int, run_id: str) -> str:
+    """The folder a run writes its new segment files in, before its commit settles them."""
+    return storage.join(directory, "segments", segment_folder(version, run_id))
+
+
 def segment_path(directory: str, version: int, run_id: str, kind: str, shard: int) -> str:
-    return storage.join(
-        directory, "segments", segment_folder(version, run_id), f"{kind}-{shard:05d}.parquet"
-    )
+    return storage.join(run_folder(directory, version, run_id), f"{kind}-{shard:05d}.parquet")
 
 
 def settle_segments(
@@ -578,7 +581,7 @@ def run_segments(directory: str, version: int, run_id: str) -> Iterator[None]:
     targets a version the map does not reach (discard_abandoned). The map's folders this run
     made (a new map's) go too when they are left empty: the run committed nothing there."""
     segments = storage.join(directory, "segments")
-    folder = storage.join(segments, segment_folder(version, run_id))
+    folder = run_folder(directory, version, run_id)
     # Innermost first; an object store has no empty folders to leave.
     made = (
         []

@@ -502,16 +502,20 @@ def _checked_footer(handle: IO[bytes], segment: SegmentFile) -> tuple[int, bytes
     return size, footer
 
 
-def check_listed(segment: SegmentFile) -> None:
+def check_listed(segment: SegmentFile) -> int:
     """A listed file checked in small reads: its index by its sha256, its size and footer by
     the record's digests (the footer fixes every row group's place; the index holds each row
-    group's digest, so a row group is verified whenever it is read, never here)."""
+    group's digest, so a row group is verified whenever it is read, never here). Returns the
+    rows its verified footer says it holds."""
     _read_whole(index_path(segment.path), segment.index)
     try:
         with _opened(segment.path) as handle:
-            _checked_footer(handle, segment)
+            _, footer = _checked_footer(handle, segment)
+        return pq.read_metadata(pa.py_buffer(footer)).num_rows
     except OSError as err:
         raise damaged(segment.path, f"unreadable: {err.strerror or err}") from None
+    except pa.ArrowException as err:
+        raise damaged(segment.path, str(err)) from None
 
 
 def _read_range(handle: IO[bytes], path: str, start: int, length: int, end: int) -> bytes:
