@@ -659,6 +659,8 @@ def finish_staged(config: AnonymizeConfig) -> dict:
         if refused is None:
             manifest, segments, added, earliest_ms, times = _staged_commit(config, record)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        if config.id_map is not None:  # the run's files discarded by a run that won the race
+            id_map.check_not_extended(config.id_map.directory, config.id_map.base)
         raise JobStopped(
             f"the job's staged night {path} cannot be read ({err}); nothing was published"
         ) from None

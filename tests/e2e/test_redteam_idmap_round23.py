@@ -88,9 +88,9 @@ id_map.check_carried_files = _then_another_night
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 23")
+@pytest.mark.parametrize("engine", ["local", pytest.param("beam", marks=pytest.mark.beam)])
 def test_a_night_whose_run_folder_a_winning_run_cleaned_is_told_it_lost_the_race(
-    tiny_tokenizer, tmp_path
+    tiny_tokenizer, tmp_path, engine
 ):
     """Promise (docs/ID_MAP.md, Rollback: 'Before a night commits, it first checks that no
     other run extended the map since it read it (that loser is told so: run the night again,
@@ -115,9 +115,11 @@ def test_a_night_whose_run_folder_a_winning_run_cleaned_is_told_it_lost_the_race
         str(source),
         "--output",
         str(tmp_path / "out2"),
+        "--engine",
+        engine,
         *shared,
         prelude=_another_night_after_the_checks(other),
-        timeout=120,
+        timeout=180,
     )
     assert (tmp_path / "out2b" / "manifest.json").exists()  # the other run won
     errors = [line for line in said.stderr.splitlines() if line.startswith("error:")]

@@ -1370,12 +1370,19 @@ def publish_night(
     added = {"blocks": added_blocks, "sessions": added_sessions}
     if not _brings_nothing(base, added, compacted, earliest_ms, night):
         check_carried_files(directory, base, compacted)
+    written = {"blocks": block_files, "sessions": session_files}
+    try:
+        written = settle_segments(directory, base.version + 1, written)
+    except OSError:
+        # A run that won the race since the checks above may have discarded this run's folder
+        # (discard_abandoned cannot tell a live run's folder from a killed one's): any failure
+        # to settle is judged against the map first, and a race lost is told as such.
+        check_not_extended(directory, base)
+        raise
     new = next_version(
         directory,
         base,
-        written=settle_segments(
-            directory, base.version + 1, {"blocks": block_files, "sessions": session_files}
-        ),
+        written=written,
         added=added,
         compacted=compacted,
         hash_shards=hash_shards,
