@@ -51,6 +51,7 @@ from kvtrace.transforms.ids.map_record import KINDS, MAX_DAYS, is_day, is_int, s
 from kvtrace.transforms.ids.segments import (
     SegmentFile,
     check_listed,
+    index_path,
     read_matching_files,
     read_segment,
 )
@@ -658,6 +659,8 @@ def finish_staged(config: AnonymizeConfig) -> dict:
         if refused is None:
             manifest, segments, added, earliest_ms, times = _staged_commit(config, record)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        if config.id_map is not None:  # the run's files discarded by a run that won the race
+            id_map.check_not_extended(config.id_map.directory, config.id_map.base)
         raise JobStopped(
             f"the job's staged night {path} cannot be read ({err}); nothing was published"
         ) from None
@@ -681,48 +684,101 @@ def _staged_commit(
     config: AnonymizeConfig, record: dict
 ) -> tuple[dict, dict[str, list[SegmentFile]], dict[str, int], int | None, id_map.NightTimes]:
     """commit_id_map's arguments from a night's record; a ValueError where one is not what
-    stage_night writes."""
+    stage_night writes. The commit is derived from the run's own segment folder, not taken on
+    the record's word: the record must list exactly the files the job left there, each checked
+    against its checksums (the carried-files check), and the ids added are the rows their
+    verified footers hold. A record damaged on its way back from the job commits nothing."""
     manifest = record["manifest"]
     if not isinstance(manifest, dict):
         raise ValueError("its manifest is not an object")
     run = config.id_map
     if run is None:
         return manifest, {}, {}, None, id_map.NightTimes()
-    segments: dict[str, list[SegmentFile]] = {}
-    for kind in KINDS:
-        entries = record["segments"][kind]
-        shards = [_whole(entry["shard"], config.hash_shards - 1) for entry in entries]
-        if len(set(shards)) != len(shards):
-            raise ValueError(f"a hash shard of {kind} twice")
-        segments[kind] = [
-            SegmentFile(
-                id_map.segment_path(run.directory, run.base.version + 1, run.run_id, kind, shard),
-                dict(entry["data"]),
-                dict(entry["index"]),
-                _whole(entry["rows"]),
-            )
-            for shard, entry in zip(shards, entries)
+    version = run.base.version + 1
+    segments = {
+        kind: [
+            SegmentFile(id_map.segment_path(run.directory, version, run.run_id, kind, shard), *sums)
+            for shard, sums in _staged_files(config, record["segments"][kind], kind)
         ]
-        # The record's checksums are the files' (the carried-files check): a record damaged on
-        # its way back from the job commits nothing.
-        for segment in segments[kind]:
-            try:
-                check_listed(segment)
-            except JobStopped as err:
-                raise ValueError(
-                    f"its checksums of {segment.path} are not the file's: "
-                    f"{JobStopped.message_in(err)}"
-                ) from None
+        for kind in KINDS
+    }
+    _check_run_folder(id_map.run_folder(run.directory, version, run.run_id), segments)
+    segments = {kind: [_verified(segment) for segment in segments[kind]] for kind in KINDS}
+    added = {kind: _added(config, kind, segments[kind]) for kind in KINDS}
+    for kind in KINDS:
+        if added[kind] != _whole(record["added"][kind]):
+            raise ValueError(f"it says {kind} ids were added that its segment files do not hold")
+    return (manifest, segments, added, *_staged_times(record, any(added.values())))
+
+
+def _staged_files(
+    config: AnonymizeConfig, entries: list, kind: str
+) -> list[tuple[int, tuple[dict, dict, int]]]:
+    """Each staged segment entry of a kind: its hash shard, its checksums and its rows."""
+    shards = [_whole(entry["shard"], config.hash_shards - 1) for entry in entries]
+    if len(set(shards)) != len(shards):
+        raise ValueError(f"a hash shard of {kind} twice")
+    return [
+        (shard, (dict(entry["data"]), dict(entry["index"]), _whole(entry["rows"])))
+        for shard, entry in zip(shards, entries)
+    ]
+
+
+def _check_run_folder(folder: str, segments: dict[str, list[SegmentFile]]) -> None:
+    """The files the record lists (each segment file and its index) are exactly those in the
+    run's segment folder: a file left out of the record would be in no version."""
+    listed = {
+        name.rsplit("/", 1)[1]
+        for kind in KINDS
+        for segment in segments[kind]
+        for name in (segment.path, index_path(segment.path))
+    }
+    found = set(storage.files_in(folder))
+    if found != listed:
+        odd = sorted(found ^ listed)
+        raise ValueError(
+            f"it does not list the files the job wrote in {folder} "
+            f"({len(odd)} differ, {shown(odd[0])} first)"
+        )
+
+
+def _verified(segment: SegmentFile) -> SegmentFile:
+    """The segment once its file matches its checksums, its rows those of its verified footer."""
+    try:
+        rows = check_listed(segment)
+    except JobStopped as err:
+        raise ValueError(
+            f"its checksums of {segment.path} are not the file's: {JobStopped.message_in(err)}"
+        ) from None
+    if rows != segment.rows:
+        raise ValueError(f"it says {segment.path} holds {segment.rows} rows, its footer {rows}")
+    return segment
+
+
+def _added(config: AnonymizeConfig, kind: str, segments: list[SegmentFile]) -> int:
+    """The ids of a kind the night added, from its segment files' rows: a compacting night's
+    files hold every id of the map (each id is one row), another's only the new ones."""
+    added = sum(segment.rows for segment in segments)
+    if config.compacts_map:
+        added -= config.id_map.base.next_id[kind]
+    if added < 0:
+        raise ValueError(f"its {kind} segment files hold fewer rows than the map's ids")
+    return added
+
+
+def _staged_times(record: dict, any_added: bool) -> tuple[int | None, id_map.NightTimes]:
+    """The night's earliest time and its times, as stage_night writes them: null only for a
+    night without a request, which adds no id."""
+    earliest = record["earliest_ms"]
     times = record["times"]
+    days = {_day(day): _whole(n, low=1) for day, n in times["days"].items()}
+    last = times["last_ms"]
+    nulls = {earliest is None, not days, last is None}
+    if len(nulls) != 1 or (earliest is None and any_added):
+        raise ValueError("its times are not those of a night with requests, nor of one without")
     return (
-        manifest,
-        segments,
-        {kind: _whole(record["added"][kind]) for kind in KINDS},
-        None if record["earliest_ms"] is None else _whole(record["earliest_ms"], low=-(1 << 63)),
-        id_map.NightTimes(
-            {_day(day): _whole(n) for day, n in times["days"].items()},
-            None if times["last_ms"] is None else _whole(times["last_ms"]),
-        ),
+        None if earliest is None else _whole(earliest, low=-(1 << 63)),
+        id_map.NightTimes(days, None if last is None else _whole(last)),
     )
 
 

@@ -527,10 +527,13 @@ def segment_folder(version: int, run_id: str) -> str:
     return f"{version:06d}-{run_id}"
 
 
+def run_folder(directory: str, version: int, run_id: str) -> str:
+    """The folder a run writes its new segment files in, before its commit settles them."""
+    return storage.join(directory, "segments", segment_folder(version, run_id))
+
+
 def segment_path(directory: str, version: int, run_id: str, kind: str, shard: int) -> str:
-    return storage.join(
-        directory, "segments", segment_folder(version, run_id), f"{kind}-{shard:05d}.parquet"
-    )
+    return storage.join(run_folder(directory, version, run_id), f"{kind}-{shard:05d}.parquet")
 
 
 def settle_segments(
@@ -578,7 +581,7 @@ def run_segments(directory: str, version: int, run_id: str) -> Iterator[None]:
     targets a version the map does not reach (discard_abandoned). The map's folders this run
     made (a new map's) go too when they are left empty: the run committed nothing there."""
     segments = storage.join(directory, "segments")
-    folder = storage.join(segments, segment_folder(version, run_id))
+    folder = run_folder(directory, version, run_id)
     # Innermost first; an object store has no empty folders to leave.
     made = (
         []
@@ -1367,12 +1370,19 @@ def publish_night(
     added = {"blocks": added_blocks, "sessions": added_sessions}
     if not _brings_nothing(base, added, compacted, earliest_ms, night):
         check_carried_files(directory, base, compacted)
+    written = {"blocks": block_files, "sessions": session_files}
+    try:
+        written = settle_segments(directory, base.version + 1, written)
+    except OSError:
+        # A run that won the race since the checks above may have discarded this run's folder
+        # (discard_abandoned cannot tell a live run's folder from a killed one's): any failure
+        # to settle is judged against the map first, and a race lost is told as such.
+        check_not_extended(directory, base)
+        raise
     new = next_version(
         directory,
         base,
-        written=settle_segments(
-            directory, base.version + 1, {"blocks": block_files, "sessions": session_files}
-        ),
+        written=written,
         added=added,
         compacted=compacted,
         hash_shards=hash_shards,

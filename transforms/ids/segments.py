@@ -174,20 +174,21 @@ def index_path(path: str) -> str:
     return path.removesuffix(".parquet") + ".index.npz"
 
 
+# The sha256 of a segment file's rows (NUMBERED, in file order), in its footer's key-value
+# metadata: a footer otherwise describes only the file's layout, so two files of one row count
+# and size would share it and a swap of them would pass check_listed. Files written before it
+# lack it and keep that window (docs/BOUNDS.md).
+ROWS_SHA256 = "kvtrace.rows_sha256"
+
+
 def write_segment(path: str, tables: list[np.ndarray]) -> SegmentFile:
     """One shard's numbered keys as a segment file and its index."""
     table = np.concatenate(tables) if tables else np.empty(0, dtype=NUMBERED)
     table = table[np.lexsort((table["lo"], table["hi"]))]
     sink = io.BytesIO()
-    # The index replaces column statistics: without them the footer stays small.
-    pq.write_table(
-        _arrow(table),
-        sink,
-        compression="zstd",
-        row_group_size=ROW_GROUP_ROWS,
-        write_statistics=False,
-        write_page_checksum=True,
-    )
+    with _writer(sink) as writer:
+        writer.write_table(_arrow(table), row_group_size=ROW_GROUP_ROWS)
+        writer.add_key_value_metadata({ROWS_SHA256: hashlib.sha256(table.tobytes()).hexdigest()})
     group_ends = (
         np.minimum(
             np.arange(ROW_GROUP_ROWS, len(table) + ROW_GROUP_ROWS, ROW_GROUP_ROWS), len(table)
@@ -203,6 +204,13 @@ def write_segment(path: str, tables: list[np.ndarray]) -> SegmentFile:
         row_group_digests(data),
     )
     return SegmentFile(path, _store_parquet(path, data), index, len(table))
+
+
+def _writer(sink: IO[bytes]) -> pq.ParquetWriter:
+    # The index replaces column statistics: without them the footer stays small.
+    return pq.ParquetWriter(
+        sink, SEGMENT_SCHEMA, compression="zstd", write_statistics=False, write_page_checksum=True
+    )
 
 
 def _store(path: str, data: bytes) -> dict:
@@ -278,9 +286,8 @@ def merge_segment(path: str, runs: list[SegmentFile], new: np.ndarray) -> Segmen
     first_hi, last_hi = [], []
     carry = np.empty(0, dtype=NUMBERED)  # sorted rows short of a whole row group
     sink = io.BytesIO()
-    with pq.ParquetWriter(
-        sink, SEGMENT_SCHEMA, compression="zstd", write_statistics=False, write_page_checksum=True
-    ) as writer:
+    rows_sha256 = hashlib.sha256()
+    with _writer(sink) as writer:
         while True:
             ready, buffers = _next_sorted(readers, buffers)
             rows = np.concatenate([carry, ready])
@@ -290,6 +297,7 @@ def merge_segment(path: str, runs: list[SegmentFile], new: np.ndarray) -> Segmen
             for start in range(0, whole, ROW_GROUP_ROWS):
                 group = rows[start : start + ROW_GROUP_ROWS]
                 writer.write_table(_arrow(group), row_group_size=ROW_GROUP_ROWS)
+                rows_sha256.update(group.tobytes())
                 first_hi.append(int(group["hi"][0]))
                 last_hi.append(int(group["hi"][-1]))
             bloom.add(filter_, rows["hi"][:whole], rows["lo"][:whole])
@@ -298,6 +306,7 @@ def merge_segment(path: str, runs: list[SegmentFile], new: np.ndarray) -> Segmen
                 break
         if not total:
             writer.write_table(_arrow(carry))
+        writer.add_key_value_metadata({ROWS_SHA256: rows_sha256.hexdigest()})
     data = sink.getvalue()
     index = _write_index(
         path,
@@ -502,16 +511,20 @@ def _checked_footer(handle: IO[bytes], segment: SegmentFile) -> tuple[int, bytes
     return size, footer
 
 
-def check_listed(segment: SegmentFile) -> None:
+def check_listed(segment: SegmentFile) -> int:
     """A listed file checked in small reads: its index by its sha256, its size and footer by
     the record's digests (the footer fixes every row group's place; the index holds each row
-    group's digest, so a row group is verified whenever it is read, never here)."""
+    group's digest, so a row group is verified whenever it is read, never here). Returns the
+    rows its verified footer says it holds."""
     _read_whole(index_path(segment.path), segment.index)
     try:
         with _opened(segment.path) as handle:
-            _checked_footer(handle, segment)
+            _, footer = _checked_footer(handle, segment)
+        return pq.read_metadata(pa.py_buffer(footer)).num_rows
     except OSError as err:
         raise damaged(segment.path, f"unreadable: {err.strerror or err}") from None
+    except pa.ArrowException as err:
+        raise damaged(segment.path, str(err)) from None
 
 
 def _read_range(handle: IO[bytes], path: str, start: int, length: int, end: int) -> bytes:

@@ -61,24 +61,22 @@ def test_any_change_to_a_unit_read_without_the_salt_is_refused(tmp_path_factory,
 
 def _same_footer_with_ids_swapped(segment: SegmentFile, rows: np.ndarray) -> bytes:
     """The file written again as kvtrace writes it (page CRCs recomputed by the writer) with two
-    rows' ids exchanged, where that keeps its size and footer: only page bytes differ."""
-    from kvtrace.transforms.ids.segments import ROW_GROUP_ROWS, _arrow, _footer
+    rows' ids exchanged, where that keeps its size and footer: only page bytes differ. The
+    footer's rows digest (segments.ROWS_SHA256) is copied: nothing checks it against the rows
+    on a read, the index's row group digests do."""
+    from kvtrace.transforms.ids.segments import ROW_GROUP_ROWS, ROWS_SHA256, _arrow, _footer
 
     original = Path(segment.path).read_bytes()
+    claimed = pq.read_metadata(segment.path).metadata[ROWS_SHA256.encode()].decode()
     ordered = np.sort(rows, order=["hi", "lo"])
     for i in range(len(ordered)):
         swapped = ordered.copy()
         j = (i + 1) % len(ordered)
         swapped["id"][[i, j]] = swapped["id"][[j, i]]
         sink = io.BytesIO()
-        pq.write_table(
-            _arrow(swapped),
-            sink,
-            compression="zstd",
-            row_group_size=ROW_GROUP_ROWS,
-            write_statistics=False,
-            write_page_checksum=True,
-        )
+        with segments._writer(sink) as writer:
+            writer.write_table(_arrow(swapped), row_group_size=ROW_GROUP_ROWS)
+            writer.add_key_value_metadata({ROWS_SHA256: claimed})
         forged = sink.getvalue()
         if len(forged) == len(original) and _footer(forged) == _footer(original):
             return forged

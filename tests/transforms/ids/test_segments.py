@@ -155,3 +155,18 @@ def test_folding_runs_gives_the_bytes_of_writing_all_rows_at_once(
         assert (folder / f"{name}.parquet").exists()
     assert (folder / "folded.parquet").read_bytes() == (folder / "whole.parquet").read_bytes()
     assert (folder / "folded.index.npz").read_bytes() == (folder / "whole.index.npz").read_bytes()
+
+
+def test_a_segment_files_footer_holds_its_rows_digest(tmp_path):
+    """Two files of one row count: without the rows' digest their footers (layout only) could be
+    one, and a swap of them would pass the carried-files check (check_listed). A merged file
+    holds the digest write_segment gives for the same rows."""
+    first, second = numbered(5, 1), numbered(5, 2)
+    a = segments.write_segment(str(tmp_path / "a" / "blocks-00000.parquet"), [first])
+    b = segments.write_segment(str(tmp_path / "b" / "blocks-00000.parquet"), [second])
+    assert a.data["footer_sha256"] != b.data["footer_sha256"]
+    merged = segments.merge_segment(str(tmp_path / "m" / "blocks-00000.parquet"), [a], second)
+    whole = segments.write_segment(str(tmp_path / "w" / "blocks-00000.parquet"), [first, second])
+    assert merged.data == whole.data
+    digest = pq.read_metadata(merged.path).metadata[segments.ROWS_SHA256.encode()]
+    assert len(digest) == 64
