@@ -978,3 +978,25 @@ DEFAULT_ACL = struct.pack("<I", 2) + b"".join(
         (0x20, 5, _UNDEFINED_ID),
     )
 )
+
+
+def qwen3_run(
+    tmp_path: Path, records: list[dict], *options: str
+) -> tuple[int, list[dict], list[dict]]:
+    """(exit code, trace rows, dead letters) of one anonymize run on the records, with the real
+    Qwen3 tokenizer (the real-log tests: lengths as the engine's tokenizer gives them)."""
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    (tmp_path / "salt").write_text(SALT)
+    out, dead = tmp_path / "out", tmp_path / "dead"
+    code = anonymize(
+        str(shared_path("tokenizers", "qwen3")),
+        [source],
+        out,
+        "--salt-file",
+        str(tmp_path / "salt"),
+        "--dead-letter",
+        str(dead),
+        "--quiet",
+        *options,
+    )
+    return code, trace(out) if out.exists() else [], letters(dead) if dead.exists() else []

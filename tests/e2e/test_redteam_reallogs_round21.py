@@ -6,11 +6,9 @@ fails today (2026-11-28)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from helpers import SALT, anonymize, letters, shared_path, trace, write_jsonl
+from helpers import qwen3_run
 
 pytestmark = pytest.mark.slow
 
@@ -19,25 +17,6 @@ USER = [{"role": "user", "content": "Write a haiku about the sea."}]
 FIRST = "one two three four five six seven eight"
 SECOND = "alpha beta gamma delta epsilon zeta eta theta"
 ALL_REJECTABLE = ("--max-rejected-fraction", "1")  # a log of a few records, most of them letters
-
-
-def _run(tmp_path: Path, records: list[dict], *options: str) -> tuple[int, list[dict], list[dict]]:
-    """(exit code, trace rows, dead letters) of one anonymize run on the records."""
-    source = write_jsonl(tmp_path / "in.jsonl", records)
-    (tmp_path / "salt").write_text(SALT)
-    out, dead = tmp_path / "out", tmp_path / "dead"
-    code = anonymize(
-        str(shared_path("tokenizers", "qwen3")),
-        [source],
-        out,
-        "--salt-file",
-        str(tmp_path / "salt"),
-        "--dead-letter",
-        str(dead),
-        "--quiet",
-        *options,
-    )
-    return code, trace(out), letters(dead)
 
 
 def _responses_stream_events(created_at: int) -> list[dict]:
@@ -90,7 +69,7 @@ def test_a_responses_stream_logged_as_its_events_exports_the_count_its_usage_giv
         "request": {"model": "m", "input": "Write a haiku about the sea.", "stream": True},
         "response": _responses_stream_events(T0 // 1000),
     }
-    code, rows, _ = _run(tmp_path, [record])
+    code, rows, _ = qwen3_run(tmp_path, [record])
     assert code == 0
     assert [row["output_length"] for row in rows] == [5]
 
@@ -104,7 +83,7 @@ def test_a_responses_stream_logged_as_its_events_takes_its_time_from_the_respons
         "request": {"model": "m", "input": "Write a haiku about the sea.", "stream": True},
         "response": _responses_stream_events(T0 // 1000),
     }
-    code, rows, dead = _run(tmp_path, [record])
+    code, rows, dead = qwen3_run(tmp_path, [record])
     assert code == 0
     assert (len(rows), [letter["reason"] for letter in dead]) == (1, [])
 
@@ -144,7 +123,9 @@ def test_a_gateways_failed_call_is_a_letter_not_a_served_request(tmp_path):
         "completion_tokens": 0,
     }
     # Letters weigh in --max-rejected-fraction as a Batch file's do: 2 of 3 is past the default.
-    code, rows, dead = _run(tmp_path, [success, standard_failure, spend_failure], *ALL_REJECTABLE)
+    code, rows, dead = qwen3_run(
+        tmp_path, [success, standard_failure, spend_failure], *ALL_REJECTABLE
+    )
     assert code == 0
     assert [row["output_length"] for row in rows] == [7]
     assert sorted(letter["error"] for letter in dead) == ["failed_request"] * 2
@@ -187,7 +168,7 @@ def test_a_request_of_two_choices_exports_one_length_whichever_way_it_was_logged
     streamed = {"timestamp": T0 + 2000, "request": {**request, "stream": True}, "response": chunks}
     single = {"timestamp": T0 + 3000, "request": {**request, "n": 1}, "output_length": 3}
     logs = [with_usage, without_usage, streamed, single]
-    code, rows, dead = _run(tmp_path, logs, "--max-rejected-fraction", "1")
+    code, rows, dead = qwen3_run(tmp_path, logs, "--max-rejected-fraction", "1")
     assert code == 0
     lengths = {row["output_length"] for row in rows[:-1]}
     assert (len(rows) - 1, len(lengths)) in ((3, 1), (0, 0)), (lengths, dead)
@@ -214,7 +195,7 @@ def test_an_echoed_completion_counts_only_the_tokens_the_engine_generated(tmp_pa
         "request": {"model": "m", "prompt": prompt},
         "response": {"created": T0 // 1000, "choices": [{"index": 0, "text": " one two"}]},
     }
-    code, rows, dead = _run(tmp_path, [echoed, plain], "--max-rejected-fraction", "1")
+    code, rows, dead = qwen3_run(tmp_path, [echoed, plain], "--max-rejected-fraction", "1")
     assert code == 0
     assert len(rows) == 1
     assert [(letter["error"], letter["message"][:5]) for letter in dead] == [
@@ -244,7 +225,7 @@ def test_an_embeddings_call_in_a_gateways_log_is_not_exported_as_a_chat(tmp_path
         "request": {"model": "m", "messages": USER},
         "output_length": 3,
     }
-    code, rows, dead = _run(tmp_path, [embedding, served], *ALL_REJECTABLE)
+    code, rows, dead = qwen3_run(tmp_path, [embedding, served], *ALL_REJECTABLE)
     assert code == 0
     assert ([row["output_length"] for row in rows], len(dead)) == ([3], 1)
 
@@ -259,7 +240,7 @@ def test_an_empty_session_id_merges_no_unrelated_requests(tmp_path):
     first = {"timestamp": T0, "session_id": "", "messages": USER, "output_length": 3}
     other = [{"role": "user", "content": "Translate 'good morning' to French."}]
     second = {"timestamp": T0 + 1000, "session_id": "", "messages": other, "output_length": 3}
-    code, rows, _ = _run(tmp_path, [first, second])
+    code, rows, _ = qwen3_run(tmp_path, [first, second])
     assert code == 0
     assert [row.get("session") for row in rows] == [None, None]
 
@@ -282,6 +263,6 @@ def test_a_spend_log_exported_from_postgres_keeps_its_hour_only_zones(tmp_path):
         }
         for i in (1, 2)
     ]
-    code, rows, dead = _run(tmp_path, rows_in)
+    code, rows, dead = qwen3_run(tmp_path, rows_in)
     assert code == 0, [letter["error"] for letter in dead]
     assert [(row["timestamp"], row["response_ms"]) for row in rows] == [(0, 500), (1000, 500)]

@@ -6,36 +6,15 @@ no false letter on a request the engine serves). Each fails today (2026-11-28)."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from helpers import SALT, anonymize, letters, shared_path, trace, write_jsonl
+from helpers import qwen3_run
 
 pytestmark = pytest.mark.slow
 
 T0 = 1763700000000  # 2025-11-21, epoch ms
 USER = [{"role": "user", "content": "Write a haiku about the sea."}]
 ALL_REJECTABLE = ("--max-rejected-fraction", "1")  # a log of a few records, some of them letters
-
-
-def _run(tmp_path: Path, records: list[dict], *options: str) -> tuple[int, list[dict], list[dict]]:
-    """(exit code, trace rows, dead letters) of one anonymize run on the records."""
-    source = write_jsonl(tmp_path / "in.jsonl", records)
-    (tmp_path / "salt").write_text(SALT)
-    out, dead = tmp_path / "out", tmp_path / "dead"
-    code = anonymize(
-        str(shared_path("tokenizers", "qwen3")),
-        [source],
-        out,
-        "--salt-file",
-        str(tmp_path / "salt"),
-        "--dead-letter",
-        str(dead),
-        "--quiet",
-        *options,
-    )
-    return code, trace(out) if out.exists() else [], letters(dead) if dead.exists() else []
 
 
 def test_a_responses_reasoning_item_is_rendered_as_the_engine_renders_it(tmp_path):
@@ -99,7 +78,7 @@ def test_a_responses_reasoning_item_is_rendered_as_the_engine_renders_it(tmp_pat
         },
         "output_length": 3,
     }
-    code, rows, dead = _run(tmp_path, [responses, as_built])
+    code, rows, dead = qwen3_run(tmp_path, [responses, as_built])
     assert (code, dead) == (0, [])
     assert rows[0]["input_length"] == rows[1]["input_length"]
 
@@ -142,7 +121,7 @@ def test_a_gateways_cache_hit_is_not_exported_as_a_request_the_engine_served(tmp
             "cache_key": "9f2c" if hit else None,
         }
 
-    code, rows, dead = _run(tmp_path, [payload(0, False), payload(1, True)], *ALL_REJECTABLE)
+    code, rows, dead = qwen3_run(tmp_path, [payload(0, False), payload(1, True)], *ALL_REJECTABLE)
     assert code == 0
     assert (len(rows), len(dead)) == (1, 1), (rows, [letter["error"] for letter in dead])
 
@@ -189,7 +168,7 @@ def test_a_responses_stream_that_ended_in_an_error_event_is_a_failed_request(tmp
         "request": {"model": "m", "messages": USER},
         "output_length": 3,
     }
-    code, rows, dead = _run(tmp_path, [failed, served], *ALL_REJECTABLE)
+    code, rows, dead = qwen3_run(tmp_path, [failed, served], *ALL_REJECTABLE)
     assert code == 0
     assert [row["output_length"] for row in rows] == [3]
     assert [letter["error"] for letter in dead] == ["failed_request"]
@@ -246,7 +225,7 @@ def test_a_responses_stream_cut_short_counts_its_reasoning_as_a_chat_stream_does
         "request": {"model": "m", "messages": USER, "stream": True},
         "response": chunks,
     }
-    code, rows, _ = _run(tmp_path, [responses, chat])
+    code, rows, _ = qwen3_run(tmp_path, [responses, chat])
     assert code == 0
     assert rows[0]["output_length"] == rows[1]["output_length"]
 
@@ -282,7 +261,7 @@ def test_a_response_of_two_sequences_exports_no_summed_length_however_n_was_logg
         "request": {"model": "m", "messages": USER},
         "output_length": 3,
     }
-    code, rows, dead = _run(tmp_path, [as_string, unlogged, single], *ALL_REJECTABLE)
+    code, rows, dead = qwen3_run(tmp_path, [as_string, unlogged, single], *ALL_REJECTABLE)
     assert code == 0
     assert [row["output_length"] for row in rows] == [3]
     assert [letter["error"] for letter in dead] == ["unsupported_request"] * 2
@@ -310,7 +289,7 @@ def test_a_completions_prompt_of_token_ids_is_served_not_a_letter(tmp_path):
             "output_length": 1,
         },
     ]
-    code, rows, dead = _run(tmp_path, records, *ALL_REJECTABLE)
+    code, rows, dead = qwen3_run(tmp_path, records, *ALL_REJECTABLE)
     assert code == 0, [letter["message"] for letter in dead]
     assert [row["input_length"] for row in rows] == [len(ids), len(ids), 2, 2]
 
@@ -334,7 +313,7 @@ def test_a_refusal_part_in_an_assistant_turn_is_served_not_a_letter(tmp_path):
     parts = {"timestamp": T0, "messages": history([{"type": "refusal", "refusal": refusal}])}
     text = {"timestamp": T0 + 1000, "messages": history(refusal)}
     records = [{**parts, "output_length": 3}, {**text, "output_length": 3}]
-    code, rows, dead = _run(tmp_path, records, *ALL_REJECTABLE)
+    code, rows, dead = qwen3_run(tmp_path, records, *ALL_REJECTABLE)
     assert (code, [letter["error"] for letter in dead]) == (0, [])
     assert rows[0]["input_length"] == rows[1]["input_length"]
 
@@ -384,7 +363,7 @@ def test_a_null_inside_a_tools_schema_or_a_tool_calls_input_is_rendered(tmp_path
         anthropic(2, {"city": "Paris", "unit": None}),
         anthropic(3, {"city": "Paris"}),
     ]
-    code, rows, dead = _run(tmp_path, [{**record, "output_length": 3} for record in records])
+    code, rows, dead = qwen3_run(tmp_path, [{**record, "output_length": 3} for record in records])
     assert (code, dead) == (0, [])
     lengths = [row["input_length"] for row in rows]
     assert (lengths[0] > lengths[1], lengths[2] > lengths[3]) == (True, True), lengths
@@ -420,7 +399,7 @@ def test_an_azure_batch_file_is_joined_as_an_openai_one(tmp_path):
         }
         for i in range(2)
     ]
-    code, rows, dead = _run(tmp_path, [*inputs, *outputs], *ALL_REJECTABLE)
+    code, rows, dead = qwen3_run(tmp_path, [*inputs, *outputs], *ALL_REJECTABLE)
     assert code == 0
     assert (len(rows), [letter["message"] for letter in dead]) == (2, [])
 
@@ -444,7 +423,7 @@ def test_a_log_table_exported_from_bigquery_keeps_its_times(tmp_path):
         }
         for i in (1, 2)
     ]
-    code, rows, dead = _run(tmp_path, rows_in)
+    code, rows, dead = qwen3_run(tmp_path, rows_in)
     assert code == 0, [letter["error"] for letter in dead]
     assert [(row["timestamp"], row["response_ms"]) for row in rows] == [(0, 500), (1000, 500)]
 
@@ -477,6 +456,6 @@ def test_a_gateways_payload_renders_with_the_template_settings_its_request_sent(
         "output_length": 5,
     }
     records = [payload(0, kwargs), payload(1, {"extra_body": kwargs}), plain]
-    code, rows, dead = _run(tmp_path, records)
+    code, rows, dead = qwen3_run(tmp_path, records)
     assert (code, dead) == (0, [])
     assert [row["input_length"] for row in rows] == [rows[2]["input_length"]] * 3

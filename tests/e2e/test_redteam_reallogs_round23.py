@@ -7,36 +7,15 @@ Each fails today (2026-11-28)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from helpers import SALT, anonymize, letters, shared_path, trace, write_jsonl
+from helpers import qwen3_run
 
 pytestmark = pytest.mark.slow
 
 T0 = 1763700000000  # 2025-11-21, epoch ms
 USER = [{"role": "user", "content": "Write a haiku about the sea."}]
 TEXT = "Waves fold into foam, the tide keeps its slow promise, salt wind carries gulls"
-
-
-def _run(tmp_path: Path, records: list[dict], *options: str) -> tuple[int, list[dict], list[dict]]:
-    """(exit code, trace rows, dead letters) of one anonymize run on the records."""
-    source = write_jsonl(tmp_path / "in.jsonl", records)
-    (tmp_path / "salt").write_text(SALT)
-    out, dead = tmp_path / "out", tmp_path / "dead"
-    code = anonymize(
-        str(shared_path("tokenizers", "qwen3")),
-        [source],
-        out,
-        "--salt-file",
-        str(tmp_path / "salt"),
-        "--dead-letter",
-        str(dead),
-        "--quiet",
-        *options,
-    )
-    return code, trace(out) if out.exists() else [], letters(dead) if dead.exists() else []
 
 
 def test_a_responses_stream_with_a_keepalive_event_exports_the_count_its_usage_gives(tmp_path):
@@ -86,7 +65,7 @@ def test_a_responses_stream_with_a_keepalive_event_exports_the_count_its_usage_g
         "request": {"model": "m", "input": USER[0]["content"], "stream": True},
         "response": events,
     }
-    code, rows, dead = _run(tmp_path, [record])
+    code, rows, dead = qwen3_run(tmp_path, [record])
     assert (code, dead) == (0, [])
     assert [row["output_length"] for row in rows] == [9]
 
@@ -131,7 +110,7 @@ def test_an_anthropic_stream_cut_short_counts_the_text_it_streamed(tmp_path):
             {"created": T0 // 1000, "choices": [{"index": 0, "delta": {"content": TEXT}}]}
         ],
     }
-    code, rows, dead = _run(tmp_path, [anthropic, chat])
+    code, rows, dead = qwen3_run(tmp_path, [anthropic, chat])
     assert (code, dead) == (0, [])
     assert rows[1]["output_length"] > 0
     assert rows[0]["output_length"] == rows[1]["output_length"]
@@ -192,7 +171,7 @@ def test_a_spend_log_row_whose_request_the_proxy_cut_is_not_exported_with_the_cu
         "response": {},
         "proxy_server_request": {"model": "m", "messages": stored},
     }
-    code, rows, dead = _run(tmp_path, [whole, spend_log], "--max-rejected-fraction", "1")
+    code, rows, dead = qwen3_run(tmp_path, [whole, spend_log], "--max-rejected-fraction", "1")
     assert code == 0
     lengths = [row["input_length"] for row in rows]
     whole_length = lengths[0]
@@ -228,7 +207,7 @@ def test_a_litellm_callback_log_keeps_the_sessions_its_spend_log_twin_keeps(tmp_
         }
         for turn, messages in enumerate([first, second])
     ]
-    code, rows, dead = _run(tmp_path, payloads)
+    code, rows, dead = qwen3_run(tmp_path, payloads)
     assert (code, dead) == (0, [])
     assert rows[0].get("session") is not None
     assert rows[0].get("session") == rows[1].get("session")
@@ -262,7 +241,7 @@ def test_a_litellm_payload_with_its_messages_redacted_is_not_exported_as_a_promp
         }
         for turn, prompt_tokens in ((1, 1200), (2, 3400))
     ]
-    code, rows, dead = _run(tmp_path, [served, *redacted], "--max-rejected-fraction", "1")
+    code, rows, dead = qwen3_run(tmp_path, [served, *redacted], "--max-rejected-fraction", "1")
     assert code == 0
     assert len(rows) == 1
     assert len(dead) == 2
