@@ -6,16 +6,18 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import is_hypothesis_test, settings
 from xdist.scheduler import LoadScopeScheduling
 
-from helpers import shared_path
+from helpers import ROOT, free_port, shared_path
 from tiny_tokenizer import build_tiny_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
@@ -167,3 +169,18 @@ def deepseek_tokenizer() -> str:
 @pytest.fixture(scope="session")
 def qwen3_tokenizer() -> str:
     return str(shared_path("tokenizers", "qwen3"))
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory) -> Iterator[str]:
+    """A Pub/Sub emulator on loopback, started by the project's script; its address."""
+    script = str(ROOT / "deploy" / "pubsub" / "emulator.sh")
+    env = {**os.environ, "KVTRACE_PUBSUB_HOME": str(tmp_path_factory.mktemp("pubsub"))}
+    started = subprocess.run(
+        [script, "start", str(free_port())], env=env, capture_output=True, text=True
+    )
+    assert started.returncode == 0, started.stderr
+    try:
+        yield started.stdout.strip().rpartition("=")[2]
+    finally:
+        subprocess.run([script, "stop"], env=env, check=True)

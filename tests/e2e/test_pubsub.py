@@ -7,18 +7,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-from collections.abc import Iterator
 
 import pytest
 
-from helpers import (
-    ROOT,
-    check_stream_against_batch,
-    free_port,
-    run_stream_until_accounted,
-    stream_request,
-)
+from helpers import check_stream_against_batch, run_stream_until_accounted, stream_request
 from kvtrace.cli import main
 
 PROJECT = "kvtrace-test"  # Beam checks project names: 6 to 30 characters
@@ -30,21 +22,6 @@ pytestmark = [
         shutil.which("gcloud") is None, reason="gcloud (and its Pub/Sub emulator) not installed"
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory) -> Iterator[str]:
-    """A Pub/Sub emulator on loopback, started by the project's script; its address."""
-    script = str(ROOT / "deploy" / "pubsub" / "emulator.sh")
-    env = {**os.environ, "KVTRACE_PUBSUB_HOME": str(tmp_path_factory.mktemp("pubsub"))}
-    started = subprocess.run(
-        [script, "start", str(free_port())], env=env, capture_output=True, text=True
-    )
-    assert started.returncode == 0, started.stderr
-    try:
-        yield started.stdout.strip().rpartition("=")[2]
-    finally:
-        subprocess.run([script, "stop"], env=env, check=True)
 
 
 def publish(host: str, records: list[dict]) -> str:

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,21 +26,6 @@ pytestmark = pytest.mark.slow
 needs_emulator = pytest.mark.skipif(
     shutil.which("gcloud") is None, reason="gcloud (and its Pub/Sub emulator) not installed"
 )
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory) -> Iterator[str]:
-    """A Pub/Sub emulator on loopback, started by the project's script; its address."""
-    script = str(ROOT / "deploy" / "pubsub" / "emulator.sh")
-    env = {**os.environ, "KVTRACE_PUBSUB_HOME": str(tmp_path_factory.mktemp("pubsub"))}
-    started = subprocess.run(
-        [script, "start", str(free_port())], env=env, capture_output=True, text=True
-    )
-    assert started.returncode == 0, started.stderr
-    try:
-        yield started.stdout.strip().rpartition("=")[2]
-    finally:
-        subprocess.run([script, "stop"], env=env, check=True)
 
 
 def subscription(host: str, name: str) -> tuple[object, str]:
@@ -283,7 +267,7 @@ def test_a_restart_into_a_streams_own_folder_is_refused_for_what_it_is(
     --output."""
     from apache_beam.testing.test_stream import TestStream
 
-    from helpers import free_port, message, run_stream, stream_chat, streaming_config
+    from helpers import message, run_stream, stream_chat, streaming_config
     from kvtrace.cli import main
 
     monkeypatch.setenv("KVTRACE_SALT", "a-streaming-test-salt-0123456789abcdef")
