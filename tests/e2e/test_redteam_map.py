@@ -152,9 +152,17 @@ def _same_footer_with_ids_swapped(path: Path, rows: np.ndarray, used: set[int]) 
 
     import pyarrow.parquet as pq
 
-    from kvtrace.transforms.ids.segments import ROW_GROUP_ROWS, _arrow, _footer
+    from kvtrace.transforms.ids.segments import (
+        ROW_GROUP_ROWS,
+        ROWS_SHA256,
+        _arrow,
+        _footer,
+        _writer,
+    )
 
     original = path.read_bytes()
+    # The forger keeps the footer's rows digest verbatim: recomputing it would change the footer.
+    kept = pq.read_metadata(io.BytesIO(original)).metadata[ROWS_SHA256.encode()].decode()
     wanted = [i for i in range(len(rows)) if int(rows["id"][i]) in used]
     for i in wanted:
         for j in range(len(rows)):
@@ -163,14 +171,9 @@ def _same_footer_with_ids_swapped(path: Path, rows: np.ndarray, used: set[int]) 
             swapped = rows.copy()
             swapped["id"][[i, j]] = swapped["id"][[j, i]]
             sink = io.BytesIO()
-            pq.write_table(
-                _arrow(swapped),
-                sink,
-                compression="zstd",
-                row_group_size=ROW_GROUP_ROWS,
-                write_statistics=False,
-                write_page_checksum=True,
-            )
+            with _writer(sink) as writer:
+                writer.write_table(_arrow(swapped), row_group_size=ROW_GROUP_ROWS)
+                writer.add_key_value_metadata({ROWS_SHA256: kept})
             data = sink.getvalue()
             if len(data) == len(original) and _footer(data) == _footer(original):
                 return data
