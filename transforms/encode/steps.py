@@ -82,10 +82,10 @@ class EncodeRequests(beam.DoFn):
             return
         try:
             failed, previous = self._encoding.push(batch)
-        except JobStopped as err:  # raised rendering it: the batch before it is still in flight
+            _refuse_unrepeatable(self._encoder)
+        except JobStopped as err:  # the night publishes nothing: what this batch gave is moot
             yield from self._once(self._refusal_of(err))
             return
-        _refuse_unrepeatable(self._encoder)
         yield from map(tagged, failed)
         yield from _outputs(previous)
         self._last_window = (window, timestamp)
@@ -97,9 +97,9 @@ class EncodeRequests(beam.DoFn):
         self._last_window = None
         try:
             outputs = list(_outputs(self._encoding.flush()))
+            _refuse_unrepeatable(self._encoder)
         except JobStopped as err:
             outputs = list(self._once(self._refusal_of(err)))
-        _refuse_unrepeatable(self._encoder)
         self._count_cache()  # here, as no batch tokenizes in the background
         for output in outputs:
             if isinstance(output, beam.pvalue.TaggedOutput):
@@ -130,15 +130,16 @@ class EncodeRequests(beam.DoFn):
 def _refuse_unrepeatable(encoder: Any) -> None:
     """A Beam worker cannot take back what it emitted before its tokenizer backend disagreed with
     `tokenizers`, or its segment cache with tokenizing whole (the local engine encodes again):
-    the job fails, publishing nothing, rather than publish bytes that depend on which worker saw
-    the difference when. Whether it fails is the input's alone (both samples are by content)."""
+    the night is refused, publishing nothing, rather than publish bytes that depend on which
+    worker saw the difference when. Whether it is refused is the input's alone (both samples are
+    by content). A refusal, not an error: a remote runner would retry an error."""
     if encoder.backend_fallback is not None:
-        raise RuntimeError(
+        raise JobStopped(
             f"tokenizer backend fastokens disagreed with tokenizers ({encoder.backend_fallback}):"
             " run again with --tokenizer-backend tokenizers"
         )
     if encoder.cache_mismatch is not None:
-        raise RuntimeError(
+        raise JobStopped(
             f"the segment cache disagreed with tokenizing whole ({encoder.cache_mismatch}):"
             " run again with --segment-cache-mb 0"
         )

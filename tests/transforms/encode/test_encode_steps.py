@@ -86,19 +86,44 @@ def test_encode_in_a_batch_run_keeps_the_inputs_timestamp_kind(tiny_tokenizer):
     )
 
 
-def test_a_worker_whose_backend_or_cache_disagreed_fails_its_bundle_rather_than_emit():
-    """A Beam worker cannot take back batches it emitted before the difference: the bundle
-    fails (nothing of it is committed) with the one-line way out."""
+def test_a_worker_whose_backend_or_cache_disagreed_is_refused_never_retried():
+    """A Beam worker cannot take back batches it emitted before the difference: the night is
+    refused with the one-line way out, as a refusal (an error a remote runner would retry)."""
     from types import SimpleNamespace
 
     from kvtrace.transforms.encode.steps import _refuse_unrepeatable
+    from kvtrace.transforms.errors import JobStopped
 
     _refuse_unrepeatable(SimpleNamespace(backend_fallback=None, cache_mismatch=None))
-    with pytest.raises(RuntimeError, match="--tokenizer-backend tokenizers"):
+    with pytest.raises(JobStopped, match="--tokenizer-backend tokenizers"):
         _refuse_unrepeatable(
             SimpleNamespace(backend_fallback="a sampled text differed", cache_mismatch=None)
         )
-    with pytest.raises(RuntimeError, match="segment cache disagreed.*--segment-cache-mb 0$"):
+    with pytest.raises(JobStopped, match="segment cache disagreed.*--segment-cache-mb 0$"):
         _refuse_unrepeatable(
             SimpleNamespace(backend_fallback=None, cache_mismatch="a sampled text differed")
         )
+
+
+def test_a_batch_jobs_worker_outputs_the_disagreement_as_its_refusal(tiny_tokenizer, monkeypatch):
+    """With refuses (a batch job's), the difference is the bundle's one refusal output, once,
+    whether found pushing a batch or flushing the last; nothing is raised."""
+    import apache_beam as beam
+
+    from kvtrace.transforms.encode.steps import EncodeRequests
+    from kvtrace.transforms.steps import REFUSED_TAG
+
+    dofn = EncodeRequests(EncodeOptions(tiny_tokenizer, SALT, block_size=4), refuses=True)
+    dofn.setup()
+    monkeypatch.setattr(
+        type(dofn._encoder), "cache_mismatch", property(lambda _: "a sampled text differed")
+    )
+    try:
+        dofn.start_bundle()
+        outputs = [out for batch in (requests(), requests()) for out in dofn.process(batch)]
+        outputs += list(dofn.finish_bundle())
+    finally:
+        dofn.teardown()
+    (refused,) = outputs
+    assert isinstance(refused, beam.pvalue.TaggedOutput) and refused.tag == REFUSED_TAG
+    assert refused.value.endswith(b"run again with --segment-cache-mb 0")
