@@ -15,14 +15,14 @@ import pytest
 from helpers import STREAM_SALT, STREAM_START_MS
 
 DAY = 86_400_000
+RESET_MS = 946_684_800_000  # 2000-01-01T00:00:00Z: where a reset clock starts
 
 pytestmark = pytest.mark.slow
 
 
 def stream_of(tmp_path: Path, tokenizer: str, *bursts: list[int]) -> Path:
-    """A stream's output folder as anonymize --streaming writes it: each burst's requests (ms
-    after STREAM_START_MS), the source's clock moved past a window and its idle time between
-    bursts."""
+    """A stream's output folder as anonymize --streaming writes it: each burst's requests (epoch
+    ms), the source's clock moved past a window and its idle time between bursts."""
     from apache_beam.testing.test_stream import TestStream
 
     from helpers import message, run_stream, stream_chat, streaming_config
@@ -31,7 +31,7 @@ def stream_of(tmp_path: Path, tokenizer: str, *bursts: list[int]) -> Path:
     stream, clock, i = TestStream(), int(time.time()), 0
     for burst in bursts:
         stream = stream.add_elements(
-            [message(stream_chat(STREAM_START_MS + ms, i + k)) for k, ms in enumerate(burst)]
+            [message(stream_chat(ms, i + k)) for k, ms in enumerate(burst)]
         )
         i, clock = i + len(burst), clock + 300
         stream = stream.advance_watermark_to(clock)
@@ -59,7 +59,7 @@ def test_a_streams_mark_claiming_a_window_it_never_wrote_carries_no_free_bytes(
     from kvtrace.transforms.write.publish import OUTPUT_MARK, STREAM_WRITER
 
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
-    stream = stream_of(tmp_path, tiny_tokenizer, [1000 * i for i in range(4)])
+    stream = stream_of(tmp_path, tiny_tokenizer, [STREAM_START_MS + 1000 * i for i in range(4)])
     assert gate.audit(str(stream), tiny_tokenizer)["publishable"]  # as the stream left it
     secret = b"Jane Doe, HIV positive, card 4111 1111 1111 1111. " * 8
     mark = {"claimed": window_name(int.from_bytes(secret, "big")), "files": []}
@@ -87,8 +87,8 @@ def test_a_stream_resumed_after_a_quiet_week_is_passed_by_its_own_audit(
     from kvtrace.transforms.stats import audit as gate
 
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
-    trickle = [0, 1000]
-    resumed = [9 * DAY + 1000 * i for i in range(5)]
+    trickle = [STREAM_START_MS, STREAM_START_MS + 1000]
+    resumed = [STREAM_START_MS + 9 * DAY + 1000 * i for i in range(5)]
     stream = stream_of(tmp_path, tiny_tokenizer, trickle, resumed)
     times = sorted(
         json.loads(line)["timestamp"]
@@ -96,5 +96,29 @@ def test_a_stream_resumed_after_a_quiet_week_is_passed_by_its_own_audit(
         for line in path.read_text().splitlines()
     )
     assert len(times) == 7  # every request published: the stream took both bursts
+    report = gate.audit(str(stream), tiny_tokenizer)
+    assert report["publishable"], report["flags"]
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_two_requests_of_a_reset_clock_first_in_a_stream_are_not_its_zero(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: a stray clock's request is never the stream's zero, and the stream writes only
+    what its gate passes (docs/STREAMING.md, Windows from the zero). Round 23 fixed the zero only
+    once a second request stands in the bulk beside the first (Progress.witnessed): two requests
+    of one reset clock (a device restarted at 2000-01-01, sending two requests) witness each
+    other, become the first window and the zero, and the real requests that follow outnumber
+    them and are published from it, each row's timestamp its wall-clock time minus 2000-01-01
+    to the millisecond, into the stream's output folder. Only the gate's gap rule stops it:
+    the stream is never publishable again. The batch job of the same records letters the two
+    and counts from the first real request (read/timestamps.plausible_days)."""
+    from kvtrace.transforms.stats import audit as gate
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    reset = [RESET_MS, RESET_MS + 1000]
+    real = [STREAM_START_MS + 1000 * i for i in range(5)]
+    stream = stream_of(tmp_path, tiny_tokenizer, reset, real)
     report = gate.audit(str(stream), tiny_tokenizer)
     assert report["publishable"], report["flags"]
