@@ -40,7 +40,6 @@ def stream_of(tmp_path: Path, tokenizer: str, *bursts: list[int]) -> Path:
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_a_streams_mark_claiming_a_window_it_never_wrote_carries_no_free_bytes(
     tiny_tokenizer, tmp_path, monkeypatch
 ):

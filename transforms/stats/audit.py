@@ -106,7 +106,7 @@ from kvtrace.transforms.write.manifest import (
     public_tokenizer,
     replay_contract,
 )
-from kvtrace.transforms.write.publish import OUTPUT_MARK, STREAM_WRITER, claimed_by, sha256_of
+from kvtrace.transforms.write.publish import OUTPUT_MARK, is_stream_mark, sha256_of
 from kvtrace.transforms.write.replayers import replay_commands
 from kvtrace.transforms.write.rows import published_room
 from kvtrace.transforms.write.shards import cuts_unlike_plan
@@ -306,17 +306,18 @@ def _audit_stream(folder: str, names: list[str], given: Given) -> dict:
     across the stream; cumulative.json is what the windows' rows give; the folder's own
     metadata is checked as a night folder's."""
     gate, reports, start, rows_seen = _Gate(), {}, (0, 0), 0
-    # Its one attribute kvtrace sets: the stream's mark, as the stream writes it, naming a window.
-    marked = window_index(claimed_by(folder, STREAM_WRITER)) is not None
-    _check_attributes(
-        folder, "the stream's folder", gate, frozenset({OUTPUT_MARK} if marked else ())
-    )
-    gate.stat[""] = os.stat(folder)
     windows = [
         n
         for n in names
         if os.path.isdir(os.path.join(folder, n)) and not os.path.islink(os.path.join(folder, n))
     ]
+    # Its one attribute kvtrace sets: the stream's mark, exactly as the stream writes it on the
+    # folder as it stands (a claim of any other window would be a free number).
+    marked = is_stream_mark(folder, len(windows))
+    _check_attributes(
+        folder, "the stream's folder", gate, frozenset({OUTPUT_MARK} if marked else ())
+    )
+    gate.stat[""] = os.stat(folder)
     for name in sorted(set(names) - set(windows) - {STREAM_TOTALS}):
         gate.flag(f"not a window of the stream: {name}")
     if [window_index(n) for n in windows] != list(range(len(windows))):

@@ -86,6 +86,8 @@ from kvtrace.transforms.trace_format import (
     FORMAT,
     MANIFEST,
     TRACE_FILE,
+    parse_json,
+    window_name,
 )
 from kvtrace.transforms.write.interrupts import stops_deferred
 from kvtrace.transforms.write.manifest import set_content_time, set_content_times
@@ -534,33 +536,63 @@ def _mark_bytes(writer: str, files: list[str], claimed: str = "") -> bytes:
 
 
 def _mark(folder: str) -> bytes:
-    """A folder's output mark, as it stands (OSError: none)."""
+    """A folder's output mark, as it stands (OSError: none, or more than a mark holds: read
+    bounded, as every kvtrace-written file is, before anything parses it)."""
     if is_url(folder):
         return read_bytes(storage.join(folder, OUTPUT_MARK_OBJECT), MAX_MARK_BYTES)
-    return os.getxattr(folder, OUTPUT_MARK, follow_symlinks=False)
+    raw = os.getxattr(folder, OUTPUT_MARK, follow_symlinks=False)
+    if len(raw) > MAX_MARK_BYTES:  # a file system may keep 64 KiB under one name (XFS)
+        raise OSError(errno.E2BIG, f"an output mark over {MAX_MARK_BYTES} bytes")
+    return raw
+
+
+def _mark_document(folder: str) -> tuple[bytes, dict] | None:
+    """A folder's output mark, its bytes and the object they parse to (parse_json: bounded in
+    depth, one line refused), None where it has none or another document."""
+    try:
+        raw = _mark(folder)
+        mark = parse_json(raw)
+    except (OSError, ValueError):  # FormatError is a ValueError
+        return None
+    return (raw, mark) if isinstance(mark, dict) else None
 
 
 def claimed_by(folder: str, writer: str) -> str:
     """The last name writer claimed in its folder (mark_output), "" where the folder's mark is
     none of its, or holds more than such a mark holds (its bytes are exactly what it writes)."""
-    try:
-        raw = _mark(folder)
-        claimed = json.loads(raw).get("claimed")
-    except (OSError, ValueError, AttributeError):
+    document = _mark_document(folder)
+    if document is None:
         return ""
+    raw, mark = document
+    claimed = mark.get("claimed")
     if not isinstance(claimed, str) or raw != _mark_bytes(writer, [], claimed):
         return ""
     return claimed
 
 
+def is_stream_mark(folder: str, windows: int) -> bool:
+    """Whether a stream's folder, its windows 0..windows-1 published, carries byte for byte a
+    mark the stream writes on it as it stands: the claim of its last window or of the one after
+    it (claim_window claims a window before publishing it, so a failed publish leaves that
+    claim), or, before its first claim since the stream (re)started, make_stream_folder's mark
+    listing the folder's names. Rebuilt and compared, never parsed: any other name, field or
+    spelling is bytes kvtrace did not write (one bit free: which of the two claims)."""
+    try:
+        raw = _mark(folder)
+    except OSError:
+        return False
+    claims = [window_name(i) for i in (windows - 1, windows) if i >= 0]
+    written = [_mark_bytes(STREAM_WRITER, [], claim) for claim in claims]
+    return raw in [*written, _mark_bytes(STREAM_WRITER, _names(folder))]
+
+
 def _marked(folder: str) -> tuple[str, list[str]]:
     """The command a folder's output mark names and the files it lists, its own object
     included (none: no mark that parses)."""
-    try:
-        mark = json.loads(_mark(folder))
-        writer, files = mark["writer"], mark["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    document = _mark_document(folder)
+    if document is None:
         return "", []
+    writer, files = document[1].get("writer"), document[1].get("files")
     if (
         not isinstance(writer, str)
         or not isinstance(files, list)
