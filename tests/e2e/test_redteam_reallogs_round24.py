@@ -236,3 +236,37 @@ def test_a_background_response_logged_while_queued_is_not_exported_with_a_made_u
     assert code == 0
     assert [row["output_length"] for row in rows] == [17]
     assert len(dead) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_requests_the_engine_cached_apart_by_their_cache_salt_share_no_block_id(tmp_path):
+    """Exactly what the engine would see: identical ids are blocks the engine's cache could
+    share. The engine's chat and completions requests take `cache_salt` (a multi-tenant
+    server sets one per tenant so no tenant can probe another's prompts through cache hits):
+    the engine mixes it into the hash of a request's first block, so requests of different
+    salts share no cached block, whatever their text. kvtrace ignores the field: two tenants'
+    requests with the same 300-token system prompt are published with the same 20 ids, a
+    50% hit rate in stats.json and in every replay where the engine had 0%, and a
+    cross-tenant prefix match published that the provider's salt exists to hide. (A log that
+    keeps engine hashes, `--capture`, is hashed apart: docs/CAPTURES.md.) Promised: requests
+    of different cache salts share no block id; of one salt, they share as the engine did."""
+    messages = [
+        {"role": "system", "content": "You are the support assistant of Acme Cloud. " * 30},
+        {"role": "user", "content": "Is eu-west up?"},
+    ]
+    tenants = (
+        "tenant-a-9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+        "tenant-b-0a1b2c3d4e5f60718293a4b5c6d7e8f9",
+    )
+    records = [
+        {
+            "timestamp": T0 + 1000 * turn,
+            "request": {"model": "m", "messages": messages, "cache_salt": salt},
+            "output_length": 2,
+        }
+        for turn, salt in enumerate(tenants)
+    ]
+    code, rows, dead = qwen3_run(tmp_path, records, "--block-size", "16")
+    assert (code, dead) == (0, [])
+    assert len(rows) == 2
+    assert not set(rows[0]["hash_ids"]) & set(rows[1]["hash_ids"])
