@@ -162,6 +162,63 @@ def test_a_litellm_payload_of_a_text_completion_renders_its_prompt_not_a_chat(tm
 
 
 @pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_a_litellm_payload_of_an_anthropic_call_is_not_exported_without_its_system_prompt(tmp_path):
+    """Never a made-up length (a variant of the text completion above: a payload's `messages`
+    is LiteLLM's rebuilding of the call, not what the engine saw, whenever its `call_type` is
+    not a chat completion). LiteLLM's /v1/messages (`call_type` "anthropic_messages") sends
+    the engine the system prompt as a system message, but its standard logging payload keeps
+    only the user and assistant turns in `messages`, and the system prompt nowhere
+    (`model_parameters` holds `max_tokens` alone; seen with LiteLLM 1.85.7 against a loopback
+    server, `hosted_vllm/` model). kvtrace renders the payload's `messages`: every such call
+    (an agent's, whose system prompt is most of its prompt) is published with its user turn's
+    length and no shared prefix. (A Responses call, "aresponses", keeps its `instructions` in
+    `model_parameters`, which kvtrace does not render either.) Promised: the length of the
+    request the engine served, as the same call logged in an envelope gives, or a letter."""
+    system = "You are the support assistant of Acme Cloud. Answer briefly. " * 20
+    user = [{"role": "user", "content": "Is eu-west up?"}]
+    envelope = {
+        "timestamp": T0,
+        "request": {"model": "m", "max_tokens": 50, "system": system, "messages": user},
+        "response": {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "text", "text": "Yes."}],
+            "usage": {"input_tokens": 260, "output_tokens": 2},
+        },
+    }
+    payload = {
+        "id": "chatcmpl-1",
+        "trace_id": "6f41df66-269a-474d-9712-3e19ebab678e",
+        "call_type": "anthropic_messages",
+        "status": "success",
+        "custom_llm_provider": "hosted_vllm",
+        "startTime": T0 / 1000 + 1,
+        "endTime": T0 / 1000 + 1.2,
+        "prompt_tokens": 260,
+        "completion_tokens": 2,
+        "messages": user,
+        "response": {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": T0 // 1000 + 1,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "Yes."},
+                    "finish_reason": "stop",
+                }
+            ],
+        },
+        "model_parameters": {"max_tokens": 50},
+    }
+    code, rows, dead = qwen3_run(tmp_path, [envelope, payload], "--max-rejected-fraction", "1")
+    assert code == 0
+    assert len(rows) + len(dead) == 2
+    served = rows[0]["input_length"]  # the envelope's, published first (its earlier time)
+    assert [row["input_length"] for row in rows] in ([served, served], [served])
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_an_azure_stream_takes_its_time_from_the_response_not_its_filter_chunk(tmp_path):
     """Never a made-up time; timestamps from the right field. Azure OpenAI's streams open with
     a content-filter chunk for the prompt that is no completion chunk: `{"choices": [],
