@@ -41,7 +41,6 @@ def _responses_response(number: int, text: str, input_tokens: int, output_tokens
     }
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_a_responses_request_continuing_a_stored_response_is_not_exported_as_its_new_input(
     tmp_path,
 ):
@@ -75,7 +74,6 @@ def test_a_responses_request_continuing_a_stored_response_is_not_exported_as_its
     )
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_a_request_the_engine_truncated_is_not_exported_with_its_whole_length(tmp_path):
     """Never a made-up length. The engine's chat and completions requests take
     `truncate_prompt_tokens` (one of its extra sampling parameters, declared in its request
@@ -116,7 +114,6 @@ def test_a_request_the_engine_truncated_is_not_exported_with_its_whole_length(tm
     assert [row["input_length"] for row in rows[1:]] in ([32], [])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_a_litellm_payload_of_a_text_completion_renders_its_prompt_not_a_chat(tmp_path):
     """Exactly what the engine would see; a real writer's file reads as its twin. LiteLLM's
     text_completion (the proxy's /v1/completions) turns the prompt into
@@ -161,7 +158,6 @@ def test_a_litellm_payload_of_a_text_completion_renders_its_prompt_not_a_chat(tm
     assert [row["input_length"] for row in rows] in ([served, served], [served])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_a_litellm_payload_of_an_anthropic_call_is_not_exported_without_its_system_prompt(tmp_path):
     """Never a made-up length (a variant of the text completion above: a payload's `messages`
     is LiteLLM's rebuilding of the call, not what the engine saw, whenever its `call_type` is
@@ -218,7 +214,6 @@ def test_a_litellm_payload_of_an_anthropic_call_is_not_exported_without_its_syst
     assert [row["input_length"] for row in rows] in ([served, served], [served])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_an_azure_stream_takes_its_time_from_the_response_not_its_filter_chunk(tmp_path):
     """Never a made-up time; timestamps from the right field. Azure OpenAI's streams open with
     a content-filter chunk for the prompt that is no completion chunk: `{"choices": [],
@@ -260,7 +255,6 @@ def test_an_azure_stream_takes_its_time_from_the_response_not_its_filter_chunk(t
     assert [row["timestamp"] for row in rows] == [0, 60_000, 120_000]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_a_background_response_logged_while_queued_is_not_exported_with_a_made_up_length(tmp_path):
     """Never a made-up length (round 23's unread response, where the response is read but
     says nothing was generated yet). A Responses API request with `background: true` is
@@ -295,7 +289,6 @@ def test_a_background_response_logged_while_queued_is_not_exported_with_a_made_u
     assert len(dead) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_requests_the_engine_cached_apart_by_their_cache_salt_share_no_block_id(tmp_path):
     """Exactly what the engine would see: identical ids are blocks the engine's cache could
     share. The engine's chat and completions requests take `cache_salt` (a multi-tenant
