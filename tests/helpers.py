@@ -169,15 +169,26 @@ FINLAND = {
 
 def agent_log() -> list[dict]:
     """An agent's requests, linked as the logs link them (anonymize --emit-parents), in time
-    order: (record, the index of the record its row's parent_row names, or None)."""
+    order: (record, the index of the record its row's parent_row names, or None). Each link is
+    a tool call's (a request naming a stored response by `previous_response_id` is a
+    stored_context letter: docs/ANONYMIZE.md)."""
     call = {"id": "call_9", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
     ask = [{"role": "user", "content": "List the files ."}]
+    weather = [
+        {"role": "user", "content": "Weather in Paris ?"},
+        {"type": "function_call", "call_id": "c_x", "name": "w", "arguments": "{}"},
+    ]
+
+    def answer(output: str, call_id: str = "c_x") -> list[dict]:
+        return [*weather, {"type": "function_call_output", "call_id": call_id, "output": output}]
+
     return [
         # 0: a Responses request; its response (resp_a) calls a tool
         (
             {
                 "timestamp": 0,
-                "input": [{"role": "user", "content": "Weather in Paris ?"}],
+                "session_id": "agent",
+                "input": weather[:1],
                 "response": {
                     "id": "resp_a",
                     "output": [{"type": "function_call", "call_id": "c_x", "name": "w"}],
@@ -186,46 +197,44 @@ def agent_log() -> list[dict]:
             },
             None,
         ),
-        # 1 and 2: a subagent, a conversation of its own spawned from resp_a, two requests long
+        # 1 and 2: the tool's result, whose answer calls another tool, and that one's result
         (
             {
                 "timestamp": 500,
-                "session_id": "explorer",
-                "previous_response_id": "resp_a",
-                "input": [{"role": "user", "content": "Explore the files ."}],
-                "response": {"id": "resp_s", "output": [], "usage": {"output_tokens": 3}},
+                "session_id": "agent",
+                "input": answer("21C"),
+                "response": {
+                    "id": "resp_s",
+                    "output": [{"type": "function_call", "call_id": "c_y", "name": "w"}],
+                    "usage": {"output_tokens": 3},
+                },
             },
             0,
         ),
         (
             {
                 "timestamp": 800,
-                "session_id": "explorer",
-                "previous_response_id": "resp_s",
-                "input": [{"role": "user", "content": "Go on ."}],
+                "session_id": "agent",
+                "input": [
+                    *answer("21C"),
+                    {"type": "function_call", "call_id": "c_y", "name": "w", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c_y", "output": "dry"},
+                ],
                 "output_length": 3,
             },
             1,
         ),
-        # 3 and 4: two branches continuing resp_a
+        # 3 and 4: two more branches answering resp_a's call
         (
             {
                 "timestamp": 1000,
-                "previous_response_id": "resp_a",
-                "input": [{"type": "function_call_output", "call_id": "c_x", "output": "21C"}],
+                "session_id": "agent",
+                "input": answer("22C"),
                 "response": {"id": "resp_b", "output": [], "usage": {"output_tokens": 5}},
             },
             0,
         ),
-        (
-            {
-                "timestamp": 1500,
-                "previous_response_id": "resp_a",
-                "input": [{"role": "user", "content": "And in Rome ?"}],
-                "output_length": 7,
-            },
-            0,
-        ),
+        ({"timestamp": 1500, "session_id": "agent", "input": answer("20C"), "output_length": 7}, 0),
         # 5 and 6: a chat whose answer calls a tool, then the request holding its result
         (
             {
@@ -250,16 +259,8 @@ def agent_log() -> list[dict]:
             },
             5,
         ),
-        # 7: continues a response no row of the night holds
-        (
-            {
-                "timestamp": 3000,
-                "previous_response_id": "resp_gone",
-                "input": [{"role": "user", "content": "Thanks ."}],
-                "output_length": 2,
-            },
-            None,
-        ),
+        # 7: a lone request answering a call (of no session, it names none)
+        ({"timestamp": 3000, "input": answer("gone", "c_gone"), "output_length": 2}, None),
     ]
 
 

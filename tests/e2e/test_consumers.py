@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TESTS, agent_log, anonymize, trace, write_jsonl
+from helpers import TESTS, agent_log, anonymize, read_jsonl, trace, write_jsonl
 from kvtrace.cli import main
 from kvtrace.transforms.trace_format import PARENT_FIELD
 
@@ -390,10 +390,25 @@ def agent_trace(tiny_tokenizer, tmp_path_factory) -> Path:
     return tmp / "out"
 
 
-def linked_rows(folder: Path) -> list[dict]:
+@pytest.fixture(scope="module")
+def subagent_trace(agent_trace, tmp_path_factory) -> Path:
+    """agent_trace with its rows 1 and 2 a conversation of their own, spawned from row 0: a
+    subagent, which no log makes since a fork by `previous_response_id` is a stored_context
+    letter (docs/ANONYMIZE.md), kept so the exports' subagent forms stay replayed."""
+    rows = trace(agent_trace)
+    spawned = 1 + max(row.get("session", -1) for row in rows)
+    for index in (1, 2):
+        rows[index]["session"] = spawned
+    return write_jsonl(tmp_path_factory.mktemp("subagent") / "subagent.jsonl", rows)
+
+
+SUBAGENT_EXPORT = ("--block-size", "4")  # subagent_trace is a trace file: no manifest beside
+
+
+def linked_rows(rows: list[dict]) -> list[dict]:
     """Each row as Dynamo must replay it (dynamo_links.py): its predecessor is its parent_row,
     else its session's previous row, and it waits the gap after that one's logged end."""
-    rows, expected, last = trace(folder), [], {}
+    expected, last = [], {}
     for index, row in enumerate(rows):
         after = row.get(PARENT_FIELD, last.get(row.get("session")))
         wait = None
@@ -413,14 +428,27 @@ def linked_rows(folder: Path) -> list[dict]:
     "variable, script", [with_tool("KVTRACE_DYNAMO_PYTHON", "dynamo_links.py")]
 )
 def test_dynamo_replays_subagents_branches_and_tool_results_as_linked(
-    agent_trace, variable, script, tmp_path
+    subagent_trace, variable, script, tmp_path
 ):
     """Dynamo's own agentic reader and simulated engine: each row waits on the row it
     continues; a subagent's conversation spawns from its parent's, two branches wait on one."""
     path = tmp_path / "agentic.jsonl"
-    assert main(["export", str(agent_trace), "--to", "dynamo-agentic", "-o", str(path)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                str(subagent_trace),
+                "--to",
+                "dynamo-agentic",
+                "-o",
+                str(path),
+                *SUBAGENT_EXPORT,
+            ]
+        )
+        == 0
+    )
     expected = tmp_path / "expected.json"
-    expected.write_text(json.dumps({"rows": linked_rows(agent_trace)}))
+    expected.write_text(json.dumps({"rows": linked_rows(read_jsonl(subagent_trace))}))
     result = subprocess.run(
         [os.environ[variable], str(CONSUMERS / script), str(path), "4", str(expected)],
         capture_output=True,
@@ -446,11 +474,14 @@ def test_dynamo_replays_subagents_branches_and_tool_results_as_linked(
         with_tool("KVTRACE_DYNAMO_PYTHON", "dynamo_weka_rows.py"),
     ],
 )
-def test_weka_readers_take_the_subagent_entries(agent_trace, variable, script, tmp_path):
+def test_weka_readers_take_the_subagent_entries(subagent_trace, variable, script, tmp_path):
     """The subagent's conversation is a `subagent` entry of its parent's play: aiperf's own
     schema accepts it (extra fields forbidden) and Dynamo's Weka importer replays every row."""
     path = tmp_path / "agent.weka.jsonl"
-    assert main(["export", str(agent_trace), "--to", "weka", "-o", str(path)]) == 0
+    assert (
+        main(["export", str(subagent_trace), "--to", "weka", "-o", str(path), *SUBAGENT_EXPORT])
+        == 0
+    )
     plays = [json.loads(line) for line in path.read_text().splitlines()]
     (entry,) = [r for play in plays for r in play["requests"] if r["type"] == "subagent"]
     assert [r["t"] for r in entry["requests"]] == [0.5, 0.8]
@@ -470,17 +501,20 @@ def test_weka_readers_take_the_subagent_entries(agent_trace, variable, script, t
     "variable, script", [with_tool("KVTRACE_GUIDELLM_PYTHON", "guidellm_weka_graph.py")]
 )
 def test_guidellm_replays_the_subagent_as_a_chain_spawned_from_its_parent(
-    agent_trace, variable, script, deepseek_tokenizer, tmp_path
+    subagent_trace, variable, script, deepseek_tokenizer, tmp_path
 ):
     """guidellm's own WEKA reader builds the subagent's two requests as a chain of their own,
     spawned with a new history from the request they continue; the agent's next turn joins it
     (the WEKA format's rule: a parent's next request follows its subagent)."""
     path = tmp_path / "agent.weka.jsonl"
-    assert main(["export", str(agent_trace), "--to", "weka", "-o", str(path)]) == 0
+    assert (
+        main(["export", str(subagent_trace), "--to", "weka", "-o", str(path), *SUBAGENT_EXPORT])
+        == 0
+    )
     result = replay_check(variable, script, path, 4, deepseek_tokenizer)
     assert result.returncode == 0, result.stderr[-2000:]
     turns = json.loads(result.stdout.strip().splitlines()[-1])["turns"]
-    rows = trace(agent_trace)
+    rows = read_jsonl(subagent_trace)
     assert len(turns) == len(rows)
     play = [t for t in turns if t["play"] == turns[0]["play"]]
     sub = [t for t in play if t["agent"] != play[0]["agent"]]

@@ -123,14 +123,14 @@ DAY_MS = 86_400_000
 
 
 def _agent_night(day: int, day_ms: int = DAY_MS) -> list[dict]:
-    """The agent log (helpers.agent_log) `day` days (of day_ms) on, its response ids that
-    day's own: nothing links one day's requests to another's."""
+    """The agent log (helpers.agent_log) `day` days (of day_ms) on, its sessions and response
+    ids that day's own: nothing links one day's requests to another's."""
     night = []
     for record, _ in agent_log():
         record = json.loads(json.dumps(record))
         record["timestamp"] += day * day_ms
-        if "previous_response_id" in record:
-            record["previous_response_id"] += f"-{day}"
+        if "session_id" in record:
+            record["session_id"] += f"-{day}"
         if isinstance(record.get("response"), dict) and "id" in record["response"]:
             record["response"]["id"] += f"-{day}"
         night.append(record)
@@ -164,7 +164,7 @@ def test_nights_of_an_id_map_exported_together_link_no_row_to_another_nights(
     assert main(["export", *nights, "--to", "dynamo-agentic", "-o", str(exported)]) == 0
     capsys.readouterr()
     rows = [json.loads(line) for line in exported.read_text().splitlines()[1:]]
-    first = len(agent_log())  # night 2's first request: r8, the parent of its subagent (r9)
+    first = len(agent_log())  # night 2's first request: r8, the parent of its tool result (r9)
     assert [d["request_id"] for d in rows[first + 1]["dependencies"]] == [f"r{first}"]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import hmac
 import sys
 from collections.abc import Sequence
 
@@ -37,6 +38,17 @@ def last_block_tokens(num_tokens: int, block_size: int) -> int:
 def chain_seed(salt: bytes) -> bytes:
     """The hash the chain starts from: every block hash depends on the salt through it."""
     return xxhash.xxh3_128_digest(b"kvtrace-chain-seed\0" + salt)
+
+
+def request_chain_seed(seed: bytes, cache_salt: str | None) -> bytes:
+    """The chain seed of one request: the run's (seed), or for a request the engine cached
+    apart by its cache salt, the run's keyed with that salt (HMAC-SHA256, cut to a digest), so
+    requests of different salts share no block hash, requests of one salt share theirs, and
+    the salt itself is never in a hash anyone could check a guess against without the run's."""
+    if cache_salt is None:
+        return seed
+    message = b"kvtrace-cache-salt\0" + cache_salt.encode("utf-8", "surrogatepass")
+    return hmac.new(seed, message, hashlib.sha256).digest()[:DIGEST_SIZE]
 
 
 def salt_fingerprint(salt: bytes) -> str:

@@ -17,6 +17,7 @@ from kvtrace.transforms.encode.blocks import (
     TOKEN_DTYPE,
     chain_seed,
     keyed_digest,
+    request_chain_seed,
     token_bytes,
 )
 from kvtrace.transforms.encode.captures import BLOCK_SIZE_MISMATCH, hash_capture
@@ -73,17 +74,28 @@ def hash_request(
     input_length = len(data) // TOKEN_DTYPE.itemsize
     # Hashed answers are ids of the row: the fingerprint covers them, so requests it leaves
     # tied hold the same ids and the one order (row_order.py) numbers and sorts alike. An
-    # empty answer hashes into no ids: as none.
+    # empty answer hashes into no ids: as none. A cache salt keys the ids: covered too.
+    salted = (
+        () if request.cache_salt is None else (request.cache_salt.encode("utf-8", "surrogatepass"),)
+    )
     fingerprint = request_fingerprint(
-        None, block_size, (data,), None, input_length, output_length, session, output_data or None
+        None,
+        block_size,
+        (data, *salted),
+        None,
+        input_length,
+        output_length,
+        session,
+        output_data or None,
     )
     parent_key, named_by = link_keys(session, request.continues, request.links, seed)
+    chain = request_chain_seed(seed, request.cache_salt)  # block hashes only: ids, not sessions
     return HashedRequest(
         timestamp_ms=request.timestamp_ms,
         fingerprint=fingerprint,
         input_length=input_length,
         output_length=output_length,
-        block_hashes=scheme.block_keys(data, block_size, seed),
+        block_hashes=scheme.block_keys(data, block_size, chain),
         session_key=None if session is None else keyed_digest(session, seed),
         defaulted=request.defaulted,
         response_ms=NO_RESPONSE_MS if request.response_ms is None else request.response_ms,
@@ -94,7 +106,7 @@ def hash_request(
         else min(request.cached_tokens, input_length),
         output_block_hashes=b""
         if not output_data
-        else _output_block_hashes(data, output_data, block_size, seed, scheme),
+        else _output_block_hashes(data, output_data, block_size, chain, scheme),
         parent_key=parent_key,
         link_keys=named_by,
         links_digest=links_digest(request.continues, request.links),
@@ -242,6 +254,17 @@ class RequestEncoder:
                     request.letter(TOKENIZER_ERROR, f"the tokenizer failed on it: {failed.reason}")
                 )
                 continue
+            if request.cache_salt is not None and not self._scheme.keyed:
+                rejected.append(
+                    request.letter(
+                        "unsupported_request",
+                        f"cache_salt under --hash-scheme {self._scheme.name}: the engine's "
+                        "hashes of a salted request are not its tokens' alone",
+                    )
+                )
+                continue
+            if request.keep_last_tokens is not None:  # the engine keeps the prompt's last N
+                data = data[-request.keep_last_tokens * TOKEN_DTYPE.itemsize :]
             if generated is not None:
                 output_length = len(generated) // TOKEN_DTYPE.itemsize
             else:

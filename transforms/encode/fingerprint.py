@@ -28,7 +28,8 @@ def fingerprint_bytes(
 ) -> bytes:
     """scheme: a capture's hash scheme, or None for token ids (whose keys are the same function
     of them for every row of a run, so rows order alike under every --hash-scheme). blocks: the
-    engine's hashes, each as logged, or the prompt's token bytes as one item. tail: what keys a
+    engine's hashes, each as logged, or the prompt's token bytes as one item (and its cache salt,
+    which keys its ids, as a second: encode_requests.hash_request). tail: what keys a
     capture's unhashed partial block. answer: the generated tokens' bytes, when they are hashed
     into ids (--emit-output-hashes)."""
     named = None if scheme is None else scheme.encode("utf-8", "surrogatepass")

@@ -34,7 +34,12 @@ from kvtrace.transforms.read.json_tree import (
 )
 from kvtrace.transforms.read.links import continued, names
 from kvtrace.transforms.read.response_end import response_ms
-from kvtrace.transforms.read.shapes import FREE_FORM_FIELDS, check_record, declared_fields
+from kvtrace.transforms.read.shapes import (
+    FREE_FORM_FIELDS,
+    check_record,
+    declared_fields,
+    type_name,
+)
 from kvtrace.transforms.read.timestamps import timestamp_ms
 from kvtrace.transforms.trace_format import MAX_OUTPUT_LENGTH
 
@@ -52,12 +57,29 @@ BATCH_ENDPOINTS = {"/chat/completions": "chat", "/responses": "chat", "/completi
 # OpenAI's `/v1`; Azure OpenAI's `/openai/deployments/NAME` or `/openai/v1`, or none at all (its
 # documentation writes `/chat/completions`), its `?api-version=...` query after the path.
 BATCH_URL_PREFIX = re.compile(r"(?:/openai(?:/deployments/[^/]+)?)?(?:/v1)?")
+# LiteLLM's standard logging payload (its body the record itself) keeps its own rebuilding of
+# the call in `messages`: the request the engine was sent only for these call types, each the
+# kind of request it names. A text completion's messages wrap its prompt as one user message;
+# any other call type's (anthropic_messages and responses drop the system prompt or
+# instructions) is not what the engine saw. A payload without `call_type` reads as its fields say.
+LITELLM_CALL_TYPE = "call_type"
+LITELLM_CALL_TYPES = {
+    "completion": "chat",
+    "acompletion": "chat",
+    "text_completion": "prompt",
+    "atext_completion": "prompt",
+}
 # A record's `status` that says the call failed (LiteLLM's "failure"; a Responses API response's
 # "failed"): the engine generated nothing to trace.
 FAILED_STATUSES = frozenset({"failure", "failed", "error"})
 # A response's `object` that no generation endpoint returns (an embeddings call's list of
 # embeddings, a model list): its request was no generation, whatever its fields look like.
 NOT_GENERATION_OBJECTS = frozenset({"list", "embedding", "model", "moderation", "file"})
+# A Responses API object's `status` once its generation is over (`incomplete`: cut at a limit,
+# its output what was generated); any other but a failed one (queued, in_progress, cancelled)
+# says its output is not the generation's whole, which the log does not hold.
+RESPONSES_OBJECT = "response"
+FINISHED_STATUSES = frozenset({"completed", "incomplete"})
 # Markers a log's writer leaves where it altered a request's text, so the engine's text is not
 # in the log: its name, a pattern a string holding the marker matches, and what it means.
 # LiteLLM's spend logs cut each long string to its two ends around a count of what they left
@@ -216,6 +238,10 @@ class Request:
     continues: str | None = None
     # Template variables the request sets for itself (chat.template_settings), over the run's
     template_kwargs: dict[str, Any] | None = None
+    # The prompt's last tokens the engine kept (truncate_prompt_tokens); None: all of them
+    keep_last_tokens: int | None = None
+    # The engine's cache salt (private: it seeds the request's chain, encode/blocks.py)
+    cache_salt: str | None = None
 
     def letter(self, reason: str, message: str) -> DeadLetter:
         """The dead letter of this request, refused after it parsed, withheld as its parse would
@@ -420,19 +446,25 @@ def _request(
     batch = record.get("custom_id") is not None
     body_field, body = _request_body(record, batch)
     # A Responses API stream's events read as its final response (read/streamed.py).
-    response = streamed.final_response(_response(record, batch))
+    logged = _response(record, batch)
+    response = streamed.final_response(logged)
 
+    payload_kind = None if batch else _payload_kind(record, body)
     kind = options.input_format
     if kind == "auto":
         kind = _batch_kind(record) if batch and body is not record else _detect_kind(body)
+        kind = payload_kind or kind
     envelope = "batch" if batch else "log"
-    check_record(record, body, kind, envelope, body_field)
+    # A text completion's payload holds its prompt in messages: held to the chat's shape.
+    check_record(record, body, "chat" if payload_kind else kind, envelope, body_field)
     if batch and body is record:
         raise Rejected("unjoined_batch", f"a Batch output line holds no request: {BATCH_JOIN}")
     _check_outcome(record, response)
+    _check_finished(logged)
     _check_unaltered(body, line)
     sent = chat.request_fields(record, body)
     _check_one_sequence(sent, response)
+    _check_no_stored_context(sent)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
         budget = ContainerBudget(record_containers(options.max_record_bytes))
@@ -440,12 +472,16 @@ def _request(
             body, sent.get("tools"), options.drop_non_text_parts, budget
         )
         fields["template_kwargs"] = chat.template_settings(sent) or None
+    elif kind == "prompt" and payload_kind == "prompt":
+        fields |= _prompt_fields(_payload_prompt(body.get("messages")))
     elif kind == "prompt":
         fields |= _prompt_fields(body.get("prompt"))
     elif kind == "tokens":
         fields["input_ids"] = _token_ids(body.get("input_ids"))
     else:
         raise Rejected("no_input", "no messages, input, prompt or input_ids")
+    fields |= _tokenizing_fields(sent, fields["kind"])
+    fields["cache_salt"] = _cache_salt(sent)
 
     ts = _timestamp(record, body, response, options.timestamp_unit)
     if ts is None:
@@ -492,6 +528,37 @@ def _response(record: dict[str, Any], batch: bool) -> dict | list | None:
     if batch:
         response = response.get("body") if isinstance(response, dict) else None
     return response if isinstance(response, (dict, list)) else None
+
+
+def _payload_kind(record: dict[str, Any], body: dict[str, Any]) -> str | None:
+    """The kind of request a LiteLLM payload's call type names (LITELLM_CALL_TYPES); None for
+    a record that is no payload or a payload without one (or of a type its shape refuses
+    next). Raises Rejected for a call type whose messages are not what the engine saw."""
+    call_type = record.get(LITELLM_CALL_TYPE) if body is record else None
+    if not isinstance(call_type, str):
+        return None
+    kind = LITELLM_CALL_TYPES.get(call_type)
+    if kind is None:
+        raise Rejected(
+            "unsupported_request",
+            f"a LiteLLM payload of call_type {call_type[:40]!r}: its messages are LiteLLM's "
+            "rebuilding of the call, not the request the engine was sent",
+        )
+    return kind
+
+
+def _payload_prompt(messages: list | None) -> str | None:
+    """A LiteLLM text completion's prompt: the content of the one user message its payload
+    wraps it in; raises Rejected for messages that are no such wrapping."""
+    if messages is None:
+        return None
+    message = messages[0] if len(messages) == 1 else None
+    if not (message and message.get("role") == "user" and isinstance(message.get("content"), str)):
+        raise Rejected(
+            "unsupported_request",
+            "a LiteLLM text completion's messages are not one user message holding its prompt",
+        )
+    return message["content"]
 
 
 def _batch_kind(record: dict[str, Any]) -> str:
@@ -544,6 +611,23 @@ def _check_outcome(record: dict[str, Any], response: dict | list | None) -> None
         )
 
 
+def _check_finished(logged: dict | list | None) -> None:
+    """Refuse a Responses API object logged whole (`object` "response", or an `output`, which
+    only it has) whose `status` is not a finished one (FINISHED_STATUSES): a background
+    request answered while queued, a response cancelled. A stream's events are not checked: a
+    stream cut short is read by what it streamed (read/streamed.py)."""
+    if not isinstance(logged, dict):
+        return
+    if logged.get("object") != RESPONSES_OBJECT and "output" not in logged:
+        return
+    status = logged.get("status")
+    if isinstance(status, str) and status.lower() not in FINISHED_STATUSES:
+        raise Rejected(
+            "unfinished_response",
+            f"the response's status is {status[:32]!r}: its generation is not in the log",
+        )
+
+
 def _check_unaltered(body: dict[str, Any], line: bytes) -> None:
     """Refuse a request whose log holds a writer's alteration marker (ALTERATION_MARKERS) in
     any string of it: the text the engine saw is not in the log, and its length would be made
@@ -565,6 +649,87 @@ def _check_unaltered(body: dict[str, Any], line: bytes) -> None:
             if type(node) in (dict, list)
             for child in (node.values() if type(node) is dict else node)
         ]
+
+
+# Request fields naming server-side state the engine prepends to the request's own input (the
+# Responses API's stored response or conversation): the prompt it rendered is not in the log.
+STORED_CONTEXT_FIELDS = ("previous_response_id", "conversation")
+
+
+def _check_no_stored_context(sent: dict[str, Any]) -> None:
+    """Refuse a request naming state the server holds (STORED_CONTEXT_FIELDS): its prompt is
+    that state and its new input, and the log holds only the input."""
+    for name in STORED_CONTEXT_FIELDS:
+        if sent.get(name) is not None:
+            raise Rejected(
+                "stored_context",
+                f"{name}: the engine prepended a stored conversation the log does not hold",
+            )
+
+
+def _kept_tokens(value: Any, kind: str) -> dict[str, Any]:
+    """truncate_prompt_tokens: N >= 1 keeps the prompt's last N tokens (the engine truncates
+    from the left); -1 (the model's length, which no log says) and what the engine refuses
+    are letters."""
+    if type(value) is not int:
+        raise Rejected("wrong_type", f"truncate_prompt_tokens is {type_name(value)}")
+    if value == -1:
+        raise Rejected(
+            "unsupported_request",
+            "truncate_prompt_tokens -1: the prompt cut to the model's length, which the log "
+            "does not say",
+        )
+    if value < 1:
+        raise Rejected("invalid_request", f"truncate_prompt_tokens {str(value)[:32]} is below 1")
+    return {"keep_last_tokens": value}
+
+
+# The add_special_tokens values the encoding serves as the engine does, per kind of request: a
+# chat's template writes its special tokens (the engine's default, false); a prompt is
+# tokenized as given (docs/ANONYMIZE.md); token ids are not tokenized. The encoding tokenizes
+# a batch's texts alike, so another value is a letter, not a path of its own.
+SPECIAL_TOKENS_SERVED = {"chat": (False,), "prompt": (False, True), "tokens": (False, True)}
+
+
+def _special_tokens(value: Any, kind: str) -> dict[str, Any]:
+    if type(value) is not bool:
+        raise Rejected("wrong_type", f"add_special_tokens is {type_name(value)}")
+    if value not in SPECIAL_TOKENS_SERVED.get(kind, ()):
+        raise Rejected(
+            "unsupported_request",
+            f"add_special_tokens {str(value).lower()} on a {kind} request: the engine adds "
+            "tokens the encoding does not",
+        )
+    return {}
+
+
+# Request fields that change what the engine tokenizes, each read as the engine applies it, or
+# refused: one table, so none is read elsewhere nor left unread (docs/ANONYMIZE.md).
+TOKENIZING_FIELDS = {"truncate_prompt_tokens": _kept_tokens, "add_special_tokens": _special_tokens}
+
+
+def _tokenizing_fields(sent: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The Request fields the request's TOKENIZING_FIELDS give (null: not given)."""
+    fields: dict[str, Any] = {}
+    for name, read in TOKENIZING_FIELDS.items():
+        if sent.get(name) is not None:
+            fields |= read(sent[name], kind)
+    return fields
+
+
+CACHE_SALT = "cache_salt"
+
+
+def _cache_salt(sent: dict[str, Any]) -> str | None:
+    """The engine's cache salt: a non-empty string (the engine refuses an empty one)."""
+    salt = sent.get(CACHE_SALT)
+    if salt is None:
+        return None
+    if type(salt) is not str:
+        raise Rejected("wrong_type", f"{CACHE_SALT} is {type_name(salt)}")
+    if not salt:
+        raise Rejected("invalid_request", f"{CACHE_SALT} is empty")
+    return salt
 
 
 # Sampling parameters by which the engine generates more than one sequence a request (their
@@ -702,7 +867,11 @@ def _timestamp(record: dict, body: dict, response: dict | list | None, unit: str
         for holder in (record, body):
             if holder.get(name) is not None:
                 return timestamp_ms(holder[name], unit)
-    first_chunk = response[0] if isinstance(response, list) and response else response
+    first_chunk = response
+    if isinstance(response, list):  # a stream: dated by its completion's first chunk
+        first_chunk = (
+            response[at] if (at := streamed.dating_chunk(response)) < len(response) else None
+        )
     for holder in (record, body, first_chunk if isinstance(first_chunk, dict) else {}):
         if holder.get("created") is not None:
             return timestamp_ms(holder["created"], "s")  # OpenAI's `created` is epoch seconds

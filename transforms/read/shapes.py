@@ -384,6 +384,7 @@ ENVELOPE = {
     "model_parameters": obj(tools=optional(list_of(TOOL))),
     "completion_tokens": INTEGER,
     "num_cached_tokens": INTEGER,  # vLLM's, logged beside the request
+    "call_type": STRING,  # LiteLLM's, which names the kind of request (records.LITELLM_CALL_TYPES)
     **OUTCOME,
 }
 # A line of an OpenAI Batch file, told by its `custom_id`: the input file's request (method,

@@ -7,7 +7,7 @@ into one chunk holding that text; every other chunk is kept as it is, so the rea
 handful of chunks and read them as they would read the whole list.
 
 A text chunk, a null field read as an absent one (as the readers see it: records.without_nulls):
-- not the first chunk (its `created` may date the request);
+- past the chunk that dates the request (dating_chunk: its `created` is read);
 - an object whose fields are in TEXT_CHUNK_FIELDS, each of a type given there (its labels
   any scalar, `choices` a list);
 - `choices` one object whose fields are in TEXT_CHOICE_FIELDS, each of a type given there,
@@ -229,11 +229,24 @@ def _text(value: Any, path: Path, name: str) -> str:
     return value
 
 
+def dating_chunk(chunks: list[Any]) -> int:
+    """The index of the chunk that dates a stream: the first that is the completion's (a
+    non-empty `choices` list or a non-empty `id`), so no chunk sent before the completion's
+    own (Azure's content-filter chunk: `created` 0, `id` "", `choices` []) dates it;
+    len(chunks) when none is."""
+    for index, chunk in enumerate(chunks):
+        if type(chunk) is dict and (chunk.get("choices") or chunk.get("id")):
+            return index
+    return len(chunks)
+
+
 def condensed(chunks: list[Any]) -> list[Any] | None:
-    """The chunks with each run of text chunks merged into one, or None when none merge."""
-    kept: list[Any] = chunks[:1]
+    """The chunks with each run of text chunks merged into one, or None when none merge; the
+    chunk that dates the stream and those before it kept as they are."""
+    first = dating_chunk(chunks) + 1
+    kept: list[Any] = chunks[:first]
     run: list[str | None] = []  # what the current run of text chunks generated
-    for chunk in chunks[1:]:
+    for chunk in chunks[first:]:
         texts = chunk_texts(chunk)
         if texts is not None:
             run += texts

@@ -5,6 +5,7 @@ from kvtrace.transforms.encode.blocks import (
     chain_seed,
     keyed_digest,
     last_block_tokens,
+    request_chain_seed,
     salt_fingerprint,
     token_bytes,
 )
@@ -65,3 +66,13 @@ def test_token_bytes_are_little_endian_uint32_from_lists_and_arrays():
 
     assert token_bytes([1, 258]) == b"\x01\x00\x00\x00\x02\x01\x00\x00"
     assert token_bytes(np.array([1, 258], dtype=np.int64)) == token_bytes([1, 258])
+
+
+def test_a_requests_chain_seed_is_the_runs_keyed_by_its_cache_salt():
+    """No cache salt: the run's seed itself (hashes as before); a salt: a seed of its own,
+    which another run's salt or another cache salt never gives."""
+    run, other = chain_seed(b"r" * 32), chain_seed(b"o" * 32)
+    assert request_chain_seed(run, None) == run
+    seeds = {request_chain_seed(s, c) for s in (run, other) for c in ("a", "b")}
+    assert len(seeds | {run, other}) == 6
+    assert request_chain_seed(run, "a") == request_chain_seed(run, "a")

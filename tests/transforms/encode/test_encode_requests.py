@@ -91,3 +91,56 @@ def test_unrendered_is_each_contents_presence_anywhere_in_any_order(contents, pr
     )
     marked = MESSAGE_NOT_RENDERED in unrendered(request, prompt).defaulted
     assert marked == any(c and c not in prompt for c in contents)
+
+
+def _encoded(*requests: Request, scheme: HashScheme = HashScheme()):
+    """The requests (token ids) encoded as a run encodes them: (each row's input length and
+    block keys, the letters' reasons)."""
+    from kvtrace.transforms.encode.encode_requests import EncodeOptions, RequestEncoder
+    from kvtrace.transforms.encode.salt import SaltSource
+
+    options = EncodeOptions("", SaltSource("random", inline=b"x" * 32), BLOCK, hash_scheme=scheme)
+    batch, letters = RequestEncoder(None, SEED, options).encode(requests)
+    reasons = [letter.reason for letter in letters]
+    if batch is None:
+        return [], reasons
+    keys = [tuple(key) for key in batch.block_hashes.tolist()]
+    rows, at = [], 0
+    for row in batch.requests:
+        rows.append((int(row["input_length"]), keys[at : at + row["num_blocks"]]))
+        at += row["num_blocks"]
+    return rows, reasons
+
+
+def _tokens(ids: list[int], **fields) -> Request:
+    return Request("log", b"{}", 1_000, "tokens", input_ids=ids, output_length=1, **fields)
+
+
+def test_requests_of_different_cache_salts_share_no_block_and_of_one_salt_all():
+    """The engine seeds a salted request's first block with its salt: two tenants' equal
+    prompts share no cached block, one tenant's share theirs; no salt hashes as before."""
+    prompt = [1, 2, 3, 4, 5, 6]
+    salted = [_tokens(prompt, cache_salt=salt) for salt in ("a", "b", "a")]
+    rows, letters = _encoded(*salted, _tokens(prompt))
+    assert letters == []
+    (_, a), (_, b), (_, again), (_, plain) = rows
+    assert a == again and not set(a) & set(b) and not set(plain) & set(a + b)
+    unsalted = hash_request(_tokens(prompt), token_bytes(prompt), 1, BLOCK, SEED)
+    assert hash_request(salted[0], token_bytes(prompt), 1, BLOCK, SEED).fingerprint not in {
+        unsalted.fingerprint,
+        hash_request(salted[1], token_bytes(prompt), 1, BLOCK, SEED).fingerprint,
+    }
+    assert _encoded(_tokens(prompt))[0] == [rows[3]]
+
+
+def test_a_cache_salt_under_an_engine_hash_scheme_is_a_letter():
+    """An engine scheme's hashes are its tokens' alone: a salted request's would be made up."""
+    rows, letters = _encoded(_tokens([1, 2, 3], cache_salt="a"), scheme=HashScheme("dynamo"))
+    assert (rows, letters) == ([], ["unsupported_request"])
+
+
+def test_a_truncated_prompt_keeps_its_last_tokens():
+    """truncate_prompt_tokens N: the engine keeps the prompt's last N tokens, so do the ids."""
+    rows, letters = _encoded(_tokens([1, 2, 3, 4, 5, 6], keep_last_tokens=3), _tokens([4, 5, 6]))
+    assert letters == [] and rows[0] == rows[1] and rows[0][0] == 3
+    assert _encoded(_tokens([1, 2], keep_last_tokens=5))[0][0][0] == 2

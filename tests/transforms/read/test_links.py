@@ -76,11 +76,21 @@ def test_only_the_newest_run_of_tool_results_counts():
 
 
 def test_previous_response_id_comes_first_and_must_be_a_string():
-    record = {**RESPONSES, "previous_response_id": "resp_a"}
-    assert parsed(record).continues == "response:resp_a"
+    tool_result = [{"role": "tool", "tool_call_id": "c1"}]
+    assert continued({"previous_response_id": "resp_a"}, tool_result) == "response:resp_a"
     with pytest.raises(Rejected) as refused:
-        parsed({**RESPONSES, "previous_response_id": 7})
+        continued({"previous_response_id": 7}, tool_result)
     assert refused.value.reason == "wrong_type"
+
+
+def test_a_record_continuing_a_stored_response_is_a_stored_context_letter():
+    """Its prompt is the stored conversation and its input, and a log holds only the input
+    (docs/ANONYMIZE.md): refused whatever the id, links read or not."""
+    for links in (True, False):
+        for previous in ("resp_a", 7):
+            with pytest.raises(Rejected) as refused:
+                parsed({**RESPONSES, "previous_response_id": previous}, links)
+            assert refused.value.reason == "stored_context"
 
 
 def test_a_record_without_links_has_none():
@@ -89,8 +99,8 @@ def test_a_record_without_links_has_none():
 
 
 def test_links_are_read_only_when_asked():
-    """Without --emit-parents no response is walked for them, nor a previous_response_id
-    checked: runs that publish no parent_row read their logs as before."""
-    record = {**RESPONSES, "previous_response_id": 7, "response": {"id": "resp_a", "output": []}}
+    """Without --emit-parents no response is walked for them: runs that publish no
+    parent_row read their logs as before."""
+    record = {**RESPONSES, "response": {"id": "resp_a", "output": []}}
     request = parsed(record, links=False)
     assert (request.links, request.continues) == ((), None)

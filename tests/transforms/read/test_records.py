@@ -938,3 +938,133 @@ def test_a_logged_response_no_reader_reads_is_a_letter_not_a_defaulted_length(re
 def test_a_response_holding_an_empty_generation_defaults_its_length(response):
     request = parse({"messages": USER, "response": response, **TS})
     assert request.output_length is None and "output_length" in request.defaulted
+
+
+# ---- Request fields that change what the engine tokenizes or caches (round 24) ---------------
+
+
+@pytest.mark.parametrize("where", ["top", "request", "extra_body"])
+def test_truncate_prompt_tokens_keeps_the_last_tokens_wherever_the_request_says_it(where):
+    fields = {"truncate_prompt_tokens": 32}
+    if where == "top":
+        record = {"messages": USER, **fields, **TS}
+    elif where == "request":
+        record = {"request": {"messages": USER, **fields}, **TS}
+    else:  # LiteLLM's payload: the engine's own parameters under model_parameters.extra_body
+        record = {"messages": USER, "model_parameters": {"extra_body": fields}, **TS}
+    assert parse(record).keep_last_tokens == 32
+    assert parse({"messages": USER, **TS}).keep_last_tokens is None
+
+
+@pytest.mark.parametrize(
+    "value, refused",
+    [
+        (-1, "unsupported_request"),  # the model's length, which no log says
+        (0, "invalid_request"),
+        (-2, "invalid_request"),
+        ("32", "wrong_type"),
+        (True, "wrong_type"),
+        (1.5, "wrong_type"),
+    ],
+)
+def test_a_truncation_the_engine_cannot_be_followed_in_is_a_letter(value, refused):
+    assert reason({"prompt": "p", "truncate_prompt_tokens": value, **TS}) == refused
+
+
+@pytest.mark.parametrize(
+    "record, refused",
+    [
+        ({"messages": USER, "add_special_tokens": True}, "unsupported_request"),
+        ({"messages": USER, "add_special_tokens": False}, None),  # the chat's default
+        ({"prompt": "p", "add_special_tokens": False}, None),  # as the encoding tokenizes it
+        ({"prompt": "p", "add_special_tokens": True}, None),  # the completions default
+        ({"input_ids": [1, 2], "add_special_tokens": True}, None),  # ids are not tokenized
+        ({"prompt": "p", "add_special_tokens": "yes"}, "wrong_type"),
+    ],
+)
+def test_add_special_tokens_other_than_the_encoding_serves_is_a_letter(record, refused):
+    if refused is None:
+        parse({**record, **TS})
+    else:
+        assert reason({**record, **TS}) == refused
+
+
+def test_a_cache_salt_is_read_as_a_non_empty_string():
+    assert parse({"messages": USER, "cache_salt": "tenant-a", **TS}).cache_salt == "tenant-a"
+    assert parse({"messages": USER, **TS}).cache_salt is None
+    assert reason({"messages": USER, "cache_salt": "", **TS}) == "invalid_request"
+    assert reason({"messages": USER, "cache_salt": 7, **TS}) == "wrong_type"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"previous_response_id": "resp_1"},
+        {"conversation": "conv_1"},
+        {"conversation": {"id": "conv_1"}},
+        {"model_parameters": {"previous_response_id": "resp_1"}},
+    ],
+)
+def test_a_request_naming_a_stored_conversation_is_a_stored_context_letter(fields):
+    assert reason({"input": "Shorter.", **fields, **TS}) == "stored_context"
+
+
+# ---- LiteLLM's call types -----------------------------------------------------------------------
+
+PROMPT = "<|im_start|>user\nhi<|im_end|>\n"
+
+
+@pytest.mark.parametrize(
+    "call_type, kind", [("completion", "chat"), ("acompletion", "chat"), (None, "chat")]
+)
+def test_a_litellm_payloads_chat_call_reads_its_messages(call_type, kind):
+    payload = {"messages": USER, "model_parameters": {}, "call_type": call_type, **TS}
+    request = parse(payload)
+    assert (request.kind, request.messages) == (kind, USER)
+
+
+@pytest.mark.parametrize("call_type", ["text_completion", "atext_completion"])
+def test_a_litellm_payloads_text_completion_is_its_prompt_never_a_chat(call_type):
+    wrapped = [{"role": "user", "content": PROMPT}]
+    payload = {"messages": wrapped, "model_parameters": {}, "call_type": call_type, **TS}
+    request = parse(payload)
+    assert (request.kind, request.prompt, request.messages) == ("prompt", PROMPT, None)
+    two = {**payload, "messages": [*wrapped, *wrapped]}
+    assert reason(two) == "unsupported_request"
+
+
+@pytest.mark.parametrize("call_type", ["anthropic_messages", "aresponses", "aembedding", "x"])
+def test_a_litellm_payload_of_another_call_type_is_a_letter(call_type):
+    payload = {"messages": USER, "model_parameters": {}, "call_type": call_type, **TS}
+    assert reason(payload) == "unsupported_request"
+
+
+def test_a_litellm_spend_log_reads_its_request_whatever_its_call_type():
+    """The spend log's proxy_server_request is the request as the proxy took it."""
+    request = {"system": "Be brief.", "messages": USER, "max_tokens": 5}
+    log = {"call_type": "anthropic_messages", "proxy_server_request": request, **TS}
+    assert parse(log).messages[0] == {"role": "system", "content": "Be brief."}
+    assert reason({**log, "call_type": 5}) == "wrong_type"
+
+
+# ---- A Responses object's status ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "status, refused",
+    [
+        ("completed", None),
+        ("incomplete", None),
+        ("queued", "unfinished_response"),
+        ("in_progress", "unfinished_response"),
+        ("cancelled", "unfinished_response"),
+        ("failed", "failed_request"),
+    ],
+)
+def test_a_responses_object_is_read_only_once_finished(status, refused):
+    response = {"object": "response", "status": status, "output": [], "usage": None}
+    record = {"input": "hi", "response": response, **TS}
+    if refused is None:
+        parse(record)
+    else:
+        assert reason(record) == refused

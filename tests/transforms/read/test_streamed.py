@@ -435,3 +435,16 @@ def test_an_anthropic_stream_cut_short_reads_as_the_message_its_blocks_built():
 def test_a_list_of_other_typed_objects_is_no_stream_of_events():
     chunks = [{"type": "keepalive"}, {"type": "something"}]
     assert final_response(chunks) is chunks
+
+
+def test_a_stream_opening_with_a_content_filter_chunk_is_dated_by_its_completions_chunk() -> None:
+    """Azure's streams open with a chunk for the prompt's filter (`created` 0, no id, no
+    choices): the request is dated by the first chunk that is the completion's, merged or not,
+    as the same stream without the filter chunk is."""
+    azure = {"choices": [], "created": 0, "id": "", "prompt_filter_results": [{}]}
+    chunks = [text_chunk(delta={"role": "assistant"}), text_chunk("a"), text_chunk("b")]
+    filtered = assert_reads_as_whole(record([azure, *chunks], timestamp=None))
+    plain = assert_reads_as_whole(record(chunks, timestamp=None))
+    assert isinstance(filtered, Request) and isinstance(plain, Request)
+    assert filtered.timestamp_ms == plain.timestamp_ms == 1_767_225_600_000
+    assert condensed([azure, *chunks])[:2] == [azure, chunks[0]]
