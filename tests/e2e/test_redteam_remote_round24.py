@@ -1,0 +1,84 @@
+"""Red team round 24, remote runners (Beam on a real local Flink cluster): reproducers of the
+holes found, each asserting the promised behaviour, so each fails until it is fixed. They need
+the cluster: deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1
+deploy/flink/local-cluster.sh python -m pytest -q -n 0 -m slow
+tests/e2e/test_redteam_remote_round24.py.
+
+Faults are injected by a prelude run in the launcher's process before the CLI's main (the job's
+Python steps run there too: configs/flink-local.yaml's LOOPBACK environment), wrapping one of
+kvtrace's own functions: nothing depends on timing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import ON_FLINK, ROOT, SALT, chat, kvtrace_child, write_jsonl
+
+pytestmark = [pytest.mark.slow, *ON_FLINK]
+FLINK = ("--config", str(ROOT / "configs" / "flink-local.yaml"))
+ROUND = pytest.mark.xfail(strict=True, reason="red team round 24")
+
+
+def night(folder: Path) -> list[str]:
+    """A night of a few chats on the local Flink cluster, its salt in a file."""
+    (folder / "salt").write_text(SALT)
+    source = write_jsonl(
+        folder / "in.jsonl", [chat(i, 1_000 * i, session=f"s{i % 3}") for i in range(8)]
+    )
+    return [
+        *FLINK,
+        "--input",
+        str(source),
+        "--block-size",
+        "4",
+        "--salt-file",
+        str(folder / "salt"),
+    ]
+
+
+# The night's record (anonymize_night.stage_night) as the job stages it for the launcher, its
+# manifest damaged on the way: one trace file's entry gone from `files` and `sha256`.
+_MANIFEST_SHORT_OF_A_FILE = """
+import kvtrace.pipelines.anonymize_night as night
+_stage = night._stage_record
+def _damaged(config, record):
+    if "manifest" in record:
+        name = next(f for f in record["manifest"]["files"] if f.endswith(".parquet"))
+        record["manifest"]["files"].remove(name)
+        del record["manifest"]["sha256"][name]
+    return _stage(config, record)
+night._stage_record = _damaged
+"""
+
+
+@ROUND
+def test_a_staged_manifest_that_does_not_list_the_staged_files_publishes_nothing(
+    tiny_tokenizer, tmp_path
+):
+    """Promise (docs/ID_MAP.md, 'On the Beam engine': a damaged record is a one-line error;
+    anonymize_night.finish_staged: 'A record missing or damaged ... is a one-line JobStopped:
+    nothing committed, nothing published'; brief: a night publishes whole or not at all).
+    Round 23 derived the id map's commit from the run's segment folder, but the manifest the
+    launcher publishes is still the record's word: finish_staged stages record["manifest"] as
+    it is and publish_staged swaps the staging folder in, neither compared with the other.
+    Measured: exit 0, the folder published with trace-00000-of-00001.parquet unlisted, and
+    `kvtrace audit` of it: 'manifest.json lists [...], the folder holds [...]', 'NOT
+    publishable'."""
+    out = tmp_path / "out"
+    said = kvtrace_child(
+        "anonymize",
+        *night(tmp_path),
+        "--tokenizer",
+        tiny_tokenizer,
+        "--output",
+        str(out),
+        "--quiet",
+        prelude=_MANIFEST_SHORT_OF_A_FILE,
+        timeout=300,
+    )
+    errors = [line for line in said.stderr.splitlines() if line.startswith("error:")]
+    assert said.returncode != 0 and len(errors) == 1, said.stderr[-2000:]
+    assert "Traceback" not in said.stderr
+    assert not out.exists()
