@@ -82,3 +82,45 @@ def test_a_staged_manifest_that_does_not_list_the_staged_files_publishes_nothing
     assert said.returncode != 0 and len(errors) == 1, said.stderr[-2000:]
     assert "Traceback" not in said.stderr
     assert not out.exists()
+
+
+# A trace file the job staged, written again after the job's manifest took its digest (a
+# retried task's zombie attempt, still running in its worker, finishing its write late).
+_A_STAGED_FILE_WRITTEN_AFTER_THE_JOB = """
+import os
+import kvtrace.pipelines.anonymize_night as night
+_stage_manifest = night.stage_manifest
+def _late_write(config, manifest):
+    with open(os.path.join(config.staging, "trace-00000-of-00001.jsonl"), "ab") as handle:
+        handle.write(b'{"prompt": "a late attempt\\'s line"}\\n')
+    return _stage_manifest(config, manifest)
+night.stage_manifest = _late_write
+"""
+
+
+@ROUND
+def test_a_staged_trace_file_that_is_not_the_manifests_publishes_nothing(tiny_tokenizer, tmp_path):
+    """Promise (brief: a night publishes whole or not at all; the published folder is what
+    its manifest says, which `kvtrace audit` checks). The launcher publishes the staging folder
+    the job's workers wrote without comparing a file with the digest the manifest gives it: a
+    remote runner's task retried after a lost TaskManager can leave an attempt still writing
+    (on Flink a LOOPBACK or EXTERNAL worker outlives the task the TaskManager ran). Measured:
+    exit 0, the shard published with a line its manifest's sha256 does not cover; `kvtrace
+    audit`: 'trace-00000-of-00001.jsonl is not the file manifest.json lists (sha256
+    differs)'."""
+    out = tmp_path / "out"
+    said = kvtrace_child(
+        "anonymize",
+        *night(tmp_path),
+        "--tokenizer",
+        tiny_tokenizer,
+        "--output",
+        str(out),
+        "--quiet",
+        prelude=_A_STAGED_FILE_WRITTEN_AFTER_THE_JOB,
+        timeout=300,
+    )
+    errors = [line for line in said.stderr.splitlines() if line.startswith("error:")]
+    assert said.returncode != 0 and len(errors) == 1, said.stderr[-2000:]
+    assert "Traceback" not in said.stderr
+    assert not out.exists()
