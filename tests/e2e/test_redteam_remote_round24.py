@@ -18,6 +18,7 @@ from helpers import ON_FLINK, ROOT, SALT, chat, kvtrace_child, write_jsonl
 
 pytestmark = [pytest.mark.slow, *ON_FLINK]
 FLINK = ("--config", str(ROOT / "configs" / "flink-local.yaml"))
+CLUSTER = ROOT / "deploy" / "flink" / "local-cluster.sh"
 ROUND = pytest.mark.xfail(strict=True, reason="red team round 24")
 
 
@@ -124,3 +125,99 @@ def test_a_staged_trace_file_that_is_not_the_manifests_publishes_nothing(tiny_to
     assert said.returncode != 0 and len(errors) == 1, said.stderr[-2000:]
     assert "Traceback" not in said.stderr
     assert not out.exists()
+
+
+FLINK_REST = "http://127.0.0.1:8081"  # configs/flink-local.yaml's flink_master
+JOB_S = 120  # a bound on each wait for the cluster (a night here takes ~30 s)
+
+
+def _flink_jobs() -> dict[str, str]:
+    """Every Flink job on the cluster: its id -> its state."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{FLINK_REST}/jobs/overview", timeout=5) as response:
+        return {job["jid"]: job["state"] for job in json.load(response)["jobs"]}
+
+
+def _first_running_job(before: set[str]) -> str | None:
+    """A job not in before with a task running (polled: Flink says nothing when one starts)."""
+    import json
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + JOB_S
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{FLINK_REST}/jobs/overview", timeout=5) as response:
+            for job in json.load(response)["jobs"]:
+                if job["jid"] not in before and job["tasks"].get("running", 0) > 0:
+                    return job["jid"]
+        time.sleep(0.3)
+    return None
+
+
+@ROUND
+def test_a_stopped_launcher_leaves_no_job_writing_beside_its_output(tiny_tokenizer, tmp_path):
+    """Promise (pipelines/runner.cancelled_if_stopped: 'stopping the launcher (Ctrl-C, SIGTERM)
+    cancels it'; the CLI's own line, 'stopped: nothing published', with the run's staging
+    removed; docs/deploy/FLINK.md runs the Python steps in an EXTERNAL worker pool beside each
+    TaskManager). On Flink the launcher's cancel goes to Beam's job server, which drops it
+    (round 22 cancels through the cluster's REST address only a job whose tasks never
+    started): the job runs on in the pool after the launcher has said it stopped, cleaned up
+    and let go of the output's lock, and its steps write again what the cleanup removed.
+    Measured: the job FINISHED ~13 s after the launcher's exit 143, leaving
+    .out.kvtrace-staging-RUNID/ beside the output, rwxr-xr-x (the staging folder is made
+    owner-only; the step re-making it does not), holding the night's trace shards and stats,
+    and the run's letters staging with its night.json in the dead-letter folder; with an id
+    map, the run's segment folder is written into the map after the run's cleanup, racing the
+    next run of the night."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from kvtrace.pipelines.worker_pool import serve
+
+    pool, server = serve("127.0.0.1:0")
+    before = set(_flink_jobs())
+    out = tmp_path / "out"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            *night(tmp_path),
+            "--environment_type",
+            "EXTERNAL",
+            "--environment_config",
+            pool,
+            "--tokenizer",
+            tiny_tokenizer,
+            "--output",
+            str(out),
+            "--quiet",
+        ],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        job = _first_running_job(before)
+        assert job is not None, "the night's job never started its tasks"
+        launcher.send_signal(signal.SIGTERM)
+        _, stderr = launcher.communicate(timeout=JOB_S)
+        deadline = time.monotonic() + JOB_S
+        while _flink_jobs()[job] == "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.5)  # polled: whatever the job does next, it has done once it ends
+        ended = _flink_jobs()[job]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        subprocess.run([str(CLUSTER), "cancel-jobs"], capture_output=True, timeout=JOB_S)
+        server.stop(None)
+    assert launcher.returncode == 128 + signal.SIGTERM, stderr[-1000:]
+    assert ended == "CANCELED", ended
+    left = sorted(p.name for p in tmp_path.iterdir() if ".kvtrace-staging-" in p.name)
+    assert not out.exists() and left == [], left
