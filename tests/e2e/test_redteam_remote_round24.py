@@ -10,11 +10,26 @@ kvtrace's own functions: nothing depends on timing."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import ON_FLINK, ROOT, SALT, chat, kvtrace_child, write_jsonl
+from helpers import (
+    ON_FLINK,
+    ROOT,
+    SALT,
+    STREAM_START_MS,
+    chat,
+    free_ports,
+    kvtrace_child,
+    write_jsonl,
+)
 
 pytestmark = [pytest.mark.slow, *ON_FLINK]
 FLINK = ("--config", str(ROOT / "configs" / "flink-local.yaml"))
@@ -133,7 +148,6 @@ JOB_S = 120  # a bound on each wait for the cluster (a night here takes ~30 s)
 
 def _flink_jobs() -> dict[str, str]:
     """Every Flink job on the cluster: its id -> its state."""
-    import json
     import urllib.request
 
     with urllib.request.urlopen(f"{FLINK_REST}/jobs/overview", timeout=5) as response:
@@ -142,8 +156,6 @@ def _flink_jobs() -> dict[str, str]:
 
 def _first_running_job(before: set[str]) -> str | None:
     """A job not in before with a task running (polled: Flink says nothing when one starts)."""
-    import json
-    import time
     import urllib.request
 
     deadline = time.monotonic() + JOB_S
@@ -172,9 +184,6 @@ def test_a_stopped_launcher_leaves_no_job_writing_beside_its_output(tiny_tokeniz
     map, the run's segment folder is written into the map after the run's cleanup, racing the
     next run of the night."""
     import signal
-    import subprocess
-    import sys
-    import time
 
     from kvtrace.pipelines.worker_pool import serve
 
@@ -221,3 +230,136 @@ def test_a_stopped_launcher_leaves_no_job_writing_beside_its_output(tiny_tokeniz
     assert ended == "CANCELED", ended
     left = sorted(p.name for p in tmp_path.iterdir() if ".kvtrace-staging-" in p.name)
     assert not out.exists() and left == [], left
+
+
+BROKER = ROOT / "deploy" / "kafka" / "local-broker.sh"
+KAFKA_EXPANSION = "localhost:8096"  # local-cluster.sh's expansion service for Kafka reads
+PROMPT = "the quick brown fox jumps over the lazy dog and the quick brown fox again"
+
+
+@pytest.fixture
+def broker(tmp_path_factory) -> Iterator[tuple[int, dict[str, str]]]:
+    """A Kafka broker on loopback (as tests/e2e/test_kafka_flink.py's): its port and the
+    environment its script needs."""
+    env = {**os.environ, "KVTRACE_KAFKA_HOME": str(tmp_path_factory.mktemp("kafka"))}
+    port, controller = free_ports(2)
+    started = subprocess.run(
+        [str(BROKER), "start", str(port), str(controller)], env=env, capture_output=True, text=True
+    )
+    assert started.returncode == 0, started.stderr
+    try:
+        yield port, env
+    finally:
+        subprocess.run([str(BROKER), "stop"], env=env, check=True)
+
+
+def _produce(port: int, env: dict[str, str], records: list[dict]) -> None:
+    lines = "".join(json.dumps(record) + "\n" for record in records)
+    subprocess.run(
+        [str(BROKER), "produce", str(port), "requests"], input=lines, text=True, env=env, check=True
+    )
+
+
+def _asking(ms: int, i: int) -> dict:
+    """A request of the one prompt (its first blocks shared by every request), i at its end."""
+    return {
+        "timestamp": STREAM_START_MS + ms,
+        "output_length": 3,
+        "messages": [{"role": "user", "content": f"{PROMPT} q{i}"}],
+    }
+
+
+def _accounted(output: Path) -> int:
+    """Requests the stream has published or lettered so far (its run counts)."""
+    counts = list(Path(f"{output}-rejected").glob("run-counts-*.json"))
+    return json.loads(counts[0].read_text())["read"] if counts else 0
+
+
+def _completed_checkpoints(job: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{FLINK_REST}/jobs/{job}/checkpoints", timeout=5) as response:
+        return json.load(response)["counts"]["completed"]
+
+
+@ROUND
+def test_a_salt_file_rotated_under_a_running_stream_never_renumbers_its_prefixes(
+    broker, tiny_tokenizer, tmp_path
+):
+    """Promise (docs/STREAMING.md: 'block ids stand for one prefix across windows', 'ids go on
+    from the checkpoint's'; the tokenizer's files are checked on every worker against the run's
+    (round 22), the salt never is). Each worker fetches --salt-file when its encoder is set up
+    (encode_requests.open_encoder: salt.load()), the launcher only once, at launch: a salt file
+    replaced while a stream runs (a Kubernetes Secret mounted as a file is updated in running
+    pods) is taken up by every worker Flink starts after a TaskManager is lost. The restored
+    id map (keyed state) holds the old salt's hashes, so the same prefix gets new ids, silently:
+    no letter, no error, and the audit cannot tell (it has no salt). Measured: window-000000's
+    rows and the first row of window-000001 hash_ids [0, 1, 2, 3, 4, 5], the same prompt's rows
+    after the restart [6, 7, 8, 9, 10, 11]. (A Beam night's commit refuses it, through the map's
+    mark, with a message about an altered mark.)"""
+    port, env = broker
+    subprocess.run([str(CLUSTER), "cancel-jobs"], capture_output=True, timeout=JOB_S)
+    salt = tmp_path / "salt"
+    salt.write_bytes(b"s" * 32)
+    output = tmp_path / "stream"
+    # Window 0's four requests, and one in window 1 that makes the stream's clock pass window 0.
+    _produce(port, env, [_asking(1_000 * i, i) for i in range(4)] + [_asking(61_000, 4)])
+    before = set(_flink_jobs())
+    stream = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--streaming",
+            *FLINK,
+            "--input",
+            f"kafka://127.0.0.1:{port}/requests",
+            "--output",
+            str(output),
+            "--window",
+            "1m",
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--salt-file",
+            str(salt),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "KVTRACE_KAFKA_EXPANSION": KAFKA_EXPANSION},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def wait_for(requests: int) -> None:
+        deadline = time.monotonic() + 3 * JOB_S
+        # Polled: a stream has no end to wait for; each look is one file read.
+        while _accounted(output) < requests and stream.poll() is None:
+            assert time.monotonic() < deadline, f"{_accounted(output)} of {requests} accounted"
+            time.sleep(0.5)
+
+    try:
+        wait_for(4)  # window 0 published under the first salt
+        job = _first_running_job(before)
+        assert job is not None
+        taken = _completed_checkpoints(job)
+        deadline = time.monotonic() + JOB_S
+        while _completed_checkpoints(job) < taken + 2:  # one taken wholly after window 0
+            assert time.monotonic() < deadline, "no checkpoint completed"
+            time.sleep(0.5)
+        salt.write_bytes(b"r" * 32)  # the salt's file replaced in place
+        subprocess.run([str(CLUSTER), "kill-taskmanager"], check=True, capture_output=True)
+        _produce(port, env, [_asking(62_000 + 1_000 * i, 10 + i) for i in range(3)])
+        _produce(port, env, [_asking(125_000, 20)])  # passes window 1
+        wait_for(8)
+    finally:
+        subprocess.run([str(CLUSTER), "cancel-jobs"], capture_output=True, timeout=JOB_S)
+        stream.terminate()
+        stream.wait(timeout=JOB_S)
+    firsts = {
+        tuple(json.loads(line)["hash_ids"][:5])
+        for path in sorted(output.glob("window-*/trace-*.jsonl"))
+        for line in path.read_text().splitlines()
+    }
+    assert len(firsts) == 1, sorted(firsts)  # one prefix, one run of ids
