@@ -238,7 +238,8 @@ class _Stop:
             # Sent on to the main thread itself: the kernel may have given the signal to another
             # thread, leaving the main one in a lock's wait, which only a signal of its own ends.
             signal.pthread_kill(threading.main_thread().ident, self.signum)
-        time.sleep(STOP_DEADLINE_S)
+        # A command may ask more (args.stop_grace_s: a cluster's job cancelled, waited for).
+        time.sleep(STOP_DEADLINE_S + getattr(self._args, "stop_grace_s", 0.0))
         self.end()  # the run is still unwinding: a wait that does not end, say
 
 

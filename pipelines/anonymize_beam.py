@@ -34,7 +34,7 @@ from kvtrace.pipelines.anonymize_night import (
     write_dead_letters,
     write_stats,
 )
-from kvtrace.pipelines.runner import pipeline_options, run
+from kvtrace.pipelines.runner import pipeline_options, run, stop_grace_s
 from kvtrace.transforms.dead_letters import (
     DAMAGED_FILE,
     DEAD_LETTER_TAG,
@@ -71,7 +71,10 @@ def run_beam(config: AnonymizeConfig, flags: Sequence[str]) -> None:
     word of success has arrived whole: the process that reports is the one that publishes, so
     a child that dies or is stopped has published nothing (the command removes its staging)."""
     with run_segments(config):  # whatever the child wrote of the map's segments, and left
-        manifest = child_process.run_in_child(functools.partial(_run_here, config, list(flags)))
+        manifest = child_process.run_in_child(
+            functools.partial(_run_here, config, list(flags)),
+            child_process.UNWIND_S + stop_grace_s(flags),
+        )
     publish_staged(config, manifest)
 
 

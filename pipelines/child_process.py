@@ -69,9 +69,9 @@ SCRATCH_PREFIX = "kvtrace-job-"
 T = TypeVar("T")
 
 
-def run_in_child(job: Callable[[], T]) -> T:
+def run_in_child(job: Callable[[], T], unwind_s: float = UNWIND_S) -> T:
     """job() run in a child process, its value returned here once it arrived whole; its error
-    raised here, its death JobStopped."""
+    raised here, its death JobStopped. A stopped child unwinds for at most unwind_s."""
     forked = busy_threads() == 0
     if forked:
         capture_native_stderr()  # the child's native words come through this process's relay
@@ -109,7 +109,7 @@ def run_in_child(job: Callable[[], T]) -> T:
             relay.start()
             outcome = _wait_for(child, results)
         except BaseException:  # a stop: the child stops too (if the signal was this process's)
-            _stop(child)
+            _stop(child, unwind_s)
             raise
         finally:
             sent.close()
@@ -180,11 +180,11 @@ def _wait_for(child: multiprocessing.process.BaseProcess, results: Connection) -
     return outcome
 
 
-def _stop(child: multiprocessing.process.BaseProcess) -> None:
-    """SIGTERM to the child, which unwinds for at most UNWIND_S; then it and its own are ended."""
+def _stop(child: multiprocessing.process.BaseProcess, unwind_s: float) -> None:
+    """SIGTERM to the child, which unwinds for at most unwind_s; then it and its own are ended."""
     if child.is_alive():
         child.terminate()
-        child.join(UNWIND_S)
+        child.join(unwind_s)
     end_descendants()
 
 

@@ -150,9 +150,10 @@ def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     temporary = storage.remove_on_exit(pipeline.local_tempdir)
     try:
         outputs = build(pipeline)
+        cluster = flink_cluster(options)
         with contextlib.nullcontext() if is_remote(options) else workers_ended_if_stopped():
             result = pipeline.run()
-        with cancelled_if_stopped(result):
+        with cancelled_if_stopped(result, cluster):
             wait_for_tasks(result, options)
     finally:
         storage.remove_folder(temporary)
@@ -183,9 +184,11 @@ def workers_ended_if_stopped() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def cancelled_if_stopped(result: Any) -> Iterator[None]:
+def cancelled_if_stopped(result: Any, cluster: str | None) -> Iterator[None]:
     """A job outlives its launcher on a cluster: stopping the launcher (Ctrl-C, SIGTERM) cancels
-    it, so that a stream does not hold its slots (and its LOOPBACK workers, gone with us) forever."""
+    it, so that a stream does not hold its slots (and its LOOPBACK workers, gone with us) forever.
+    On a Flink cluster (cluster: its REST address, flink_cluster) it is cancelled there and
+    waited for: Beam's job server drops a cancel."""
 
     def stop(signum: int, frame: Any) -> None:
         _handled_before(previous, signum, frame)
@@ -197,6 +200,8 @@ def cancelled_if_stopped(result: Any) -> Iterator[None]:
         yield
     except KeyboardInterrupt:
         _LOG.warning("stopped: cancelling the job")
+        if cluster is not None:  # first: Beam's own cancel may wait on the job server
+            _cancel_flink_job(result, cluster)
         try:
             result.cancel()
         except Exception as err:  # the job may be gone already: say so and stop anyway
@@ -205,6 +210,43 @@ def cancelled_if_stopped(result: Any) -> Iterator[None]:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def stop_grace_s(flags: Sequence[str]) -> float:
+    """How much longer than a local run a stopped launcher of these Beam flags may unwind: a
+    Flink job it cancels through the cluster (_cancel_flink_job) gets CANCEL_WAIT_S to end, so
+    that none of its steps writes after the launcher's cleanup."""
+    return float(CANCEL_WAIT_S) if flink_cluster(pipeline_options(flags)) else 0.0
+
+
+def flink_cluster(options: PipelineOptions) -> str | None:
+    """The REST address of the Flink cluster a job of these options runs on (Beam's Flink
+    runner, or its portable runner: the Flink job server this project deploys), where a stop
+    cancels it; None for Dataflow's service and the local runners, which take Beam's own
+    cancel. Read before the run: Beam's portable runner clears the runner option as it runs."""
+    runner = (options.view_as(StandardOptions).runner or "").lower()
+    on_flink = "flink" in runner or "portable" in runner
+    return flink_rest(options) if on_flink else None
+
+
+def _cancel_flink_job(result: Any, rest: str) -> None:
+    """Cancel a stopped launcher's job on its Flink cluster (Beam's job server drops a cancel)
+    and wait up to CANCEL_WAIT_S for it to end, so that no step of it writes after the
+    launcher's cleanup (its staging, its id map segments)."""
+    job = _flink_job(rest, getattr(result, "_job_id", ""))
+    if job is None or job.get("state") in FLINK_ENDED:
+        return
+    _cancel_on_cluster(rest, job["jid"])
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    # Polled: Flink tells no one when a job ends; each look is one small request.
+    while time.monotonic() < deadline:
+        try:
+            if _rest_json(f"{rest}/jobs/{job['jid']}")["state"] in FLINK_ENDED:
+                return
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # the cluster did not answer this look: the next one may
+        time.sleep(WATCH_POLL_S)
+    _LOG.warning("Flink job %s did not end within %d s of its cancel", job["jid"], CANCEL_WAIT_S)
 
 
 def _handled_before(handler: Any, signum: int, frame: Any) -> None:

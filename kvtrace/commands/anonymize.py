@@ -737,6 +737,10 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             if config.block_hashes
             else nullcontext(),
         ):
+            if engine == "beam":
+                from kvtrace.pipelines.runner import stop_grace_s
+
+                args.stop_grace_s = stop_grace_s(flags)  # a Flink job cancelled, waited for
             if stream:
                 make_staging(config.staging)
                 storage.make_folder(config.dead_letter, private=True)

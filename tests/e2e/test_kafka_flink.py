@@ -38,6 +38,7 @@ BROKER = str(ROOT / "deploy" / "kafka" / "local-broker.sh")
 FLINK_REST = "http://127.0.0.1:8081"
 CHECKPOINT_S = 60  # local-cluster.sh checkpoints every 10 s
 JOBMANAGER_CAP = 5 * 1024 * 1024  # what a checkpoint kept in the JobManager's memory may hold
+FLINK_ENDED = {"FINISHED", "FAILED", "CANCELED"}
 
 
 @pytest.fixture
@@ -56,9 +57,19 @@ def broker(tmp_path_factory) -> Iterator[tuple[int, dict[str, str]]]:
 
 
 def cancel_running_jobs() -> None:
-    """A stream runs until cancelled in Flink: Beam 2.62's Flink job server does not pass on the
-    launcher's cancel."""
+    """What a failed test left running: a stream runs until cancelled in Flink."""
     subprocess.run([CLUSTER, "cancel-jobs"], check=True, capture_output=True)
+
+
+def jobs_still_on(within_s: float = 60.0) -> list[str]:
+    """The cluster's jobs not ended once within_s has passed (or none is left)."""
+    deadline = time.monotonic() + within_s
+    # Polled: a cancel completes in Flink without telling anyone; each look is one request.
+    while True:
+        on = [j["id"] for j in rest("/jobs")["jobs"] if j["status"] not in FLINK_ENDED]
+        if not on or time.monotonic() > deadline:
+            return on
+        time.sleep(0.5)
 
 
 def produce(port: int, env: dict[str, str], records: list[dict]) -> None:
@@ -120,6 +131,9 @@ def test_kafka_on_flink_every_message_once_and_the_windows_equal_batch(
             "--config",
             str(ROOT / "configs" / "flink-local.yaml"),
         )
+        # The launcher stopped (SIGTERM) cancels its job on the cluster, which Beam's job
+        # server alone would not: a stream left running holds its slots for ever.
+        assert jobs_still_on() == []
     finally:
         cancel_running_jobs()
     assert dead_letters(tmp_path) == []  # a backfill: nothing late

@@ -168,7 +168,6 @@ def _first_running_job(before: set[str]) -> str | None:
     return None
 
 
-@ROUND
 def test_a_stopped_launcher_leaves_no_job_writing_beside_its_output(tiny_tokenizer, tmp_path):
     """Promise (pipelines/runner.cancelled_if_stopped: 'stopping the launcher (Ctrl-C, SIGTERM)
     cancels it'; the CLI's own line, 'stopped: nothing published', with the run's staging

@@ -212,7 +212,7 @@ def test_a_launcher_stopped_by_sigterm_cancels_its_job_and_restores_the_handler(
 
     job, before = Job(), signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
-        with cancelled_if_stopped(job):
+        with cancelled_if_stopped(job, None):
             os.kill(os.getpid(), signal.SIGTERM)
     assert job.cancelled
     assert signal.getsignal(signal.SIGTERM) == before
@@ -231,8 +231,13 @@ class FakeFlinkRest:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                job = {"jid": "f1", "name": "BeamApp-t", "state": "RUNNING", "tasks": rest.tasks}
-                body = {"/overview": {"slots-total": 2}, "/jobs/overview": {"jobs": [job]}}
+                state = "CANCELED" if rest.cancelled.is_set() else "RUNNING"
+                job = {"jid": "f1", "name": "BeamApp-t", "state": state, "tasks": rest.tasks}
+                body = {
+                    "/overview": {"slots-total": 2},
+                    "/jobs/overview": {"jobs": [job]},
+                    "/jobs/f1": job,
+                }
                 self._answer(body.get(self.path, {}))
                 if self.path == "/jobs/overview":
                     rest.seen.set()
@@ -282,6 +287,31 @@ class FakeJob:
         if not self._ends.wait(60):  # bounded: a failing test never hangs
             raise AssertionError("never ended")
         raise RuntimeError("Pipeline BeamApp-t_0123-4567 failed in state CANCELLED")
+
+
+def test_a_stopped_launcher_cancels_its_job_on_the_flink_cluster_and_waits_for_its_end(monkeypatch):
+    """Beam's job server drops a launcher's cancel: a stop (SIGTERM) cancels the job through
+    the cluster's REST address too and returns once the cluster says it ended, so no step of it
+    writes after the launcher's cleanup."""
+    from kvtrace.pipelines import runner
+
+    monkeypatch.setattr(runner, "WATCH_POLL_S", 0.01)
+
+    class Job(FakeJob):
+        def cancel(self) -> None:  # what Beam's job server does with it: nothing
+            pass
+
+    rest = FakeFlinkRest({"total": 2, "running": 2})
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with runner.cancelled_if_stopped(Job(rest.seen), runner.flink_cluster(rest.options(2))):
+                os.kill(os.getpid(), signal.SIGTERM)
+        assert rest.cancelled.is_set()
+        assert runner._rest_json(f"{runner.flink_rest(rest.options(2))}/jobs/f1")["state"] == (
+            "CANCELED"
+        )
+    finally:
+        rest.close()
 
 
 def test_a_parallelism_above_the_clusters_slots_is_refused_before_submission():
