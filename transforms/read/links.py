@@ -3,14 +3,14 @@ by which a later request can say it continues this one, and the name of the earl
 continues. They are joined into a published row number (write/parents.py) and never published
 themselves: ids are strings a provider or a client chose.
 
-- OpenAI Responses: a request's `previous_response_id` names the response it continues; a
-  response's `id` names its request.
+- A response's `id` names its request (a request continuing a stored response by
+  `previous_response_id` is a stored_context letter until stored responses are joined).
 - Tool calls: a response's calls carry ids (chat `choices[].message.tool_calls[].id`, streamed
   `choices[].delta.tool_calls[].id`, Responses `output[]` items of type `function_call`:
   `call_id`, Anthropic `content[]` blocks of type `tool_use`: `id`); a later request whose
   newest messages are tool results (read/chat.py gives each its call's `tool_call_id`, whatever
   the API) continues the request whose response made the first of those calls, within its
-  session (encode/hashed_batch.link_key): a request of no session links only by response id.
+  session (encode/hashed_batch.link_key): a request of no session continues none.
 
 A link is a kind and the id, so a call id never meets a response id.
 """
@@ -20,10 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from kvtrace.transforms.errors import Rejected
-
 RESPONSE_LINK, CALL_LINK = "response", "call"
-PREVIOUS_RESPONSE = "previous_response_id"
 MAX_LINK_CHARS = 1024  # an id longer than this names nothing a provider issues: not a link
 
 
@@ -43,15 +40,10 @@ def in_conversation(key: str) -> bool:
     return key.startswith(f"{CALL_LINK}:")
 
 
-def continued(body: dict[str, Any], messages: list[dict[str, Any]] | None) -> str | None:
-    """The link of the request this one continues: its `previous_response_id`, else the call
-    its newest tool result answers; None when it names none. A `previous_response_id` that is
-    neither a string nor absent is refused (wrong_type), as the API refuses it."""
-    previous = body.get(PREVIOUS_RESPONSE)
-    if previous is not None:
-        if not isinstance(previous, str):
-            raise Rejected("wrong_type", f"{PREVIOUS_RESPONSE} is not a string")
-        return link(RESPONSE_LINK, previous)
+def continued(messages: list[dict[str, Any]] | None) -> str | None:
+    """The link of the request this one continues: the call its newest tool result answers;
+    None when it names none. (A `previous_response_id` is a stored_context letter before links
+    are read: records.STORED_CONTEXT_FIELDS.)"""
     trailing = []
     for message in reversed(messages or []):
         if message.get("role") != "tool":

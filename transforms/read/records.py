@@ -501,7 +501,7 @@ def _request(
         cached_tokens=_cached_tokens(declared_fields(record, envelope), response),
         defaulted=("output_length",) if output_text is None and output_length is None else (),
         links=links,
-        continues=continued(body, fields.get("messages")) if options.links else None,
+        continues=continued(fields.get("messages")) if options.links else None,
         **fields,
     )
 

@@ -72,15 +72,7 @@ def test_only_the_newest_run_of_tool_results_counts():
     messages = [*OPENAI_TOOL_TURN["messages"], {"role": "user", "content": "and Rome?"}]
     assert parsed({**OPENAI_TOOL_TURN, "messages": messages}).continues is None
     two = [{"role": "tool", "tool_call_id": "a"}, {"role": "tool", "tool_call_id": "b"}]
-    assert continued({}, [{"role": "user"}, {"role": "assistant"}, *two]) == "call:a"
-
-
-def test_previous_response_id_comes_first_and_must_be_a_string():
-    tool_result = [{"role": "tool", "tool_call_id": "c1"}]
-    assert continued({"previous_response_id": "resp_a"}, tool_result) == "response:resp_a"
-    with pytest.raises(Rejected) as refused:
-        continued({"previous_response_id": 7}, tool_result)
-    assert refused.value.reason == "wrong_type"
+    assert continued([{"role": "user"}, {"role": "assistant"}, *two]) == "call:a"
 
 
 def test_a_record_continuing_a_stored_response_is_a_stored_context_letter():
