@@ -96,7 +96,7 @@ def install(target: int, mode: str) -> None:
     storage.create = create
     # The Beam engine's run, in this process: a kill here is the whole run's (its child would die
     # with it: child_process), and every step is counted in one place.
-    child_process.run_in_child = lambda job: job()
+    child_process.run_in_child = lambda job, *unwind: job()
 
 
 def _die() -> None:
@@ -111,7 +111,9 @@ def _then(job, act):
 
 def _child_dies_before_its_word() -> None:
     run = child_process.run_in_child
-    child_process.run_in_child = lambda job: run(functools.partial(_then, job, _die))
+    child_process.run_in_child = lambda job, *unwind: run(
+        functools.partial(_then, job, _die), *unwind
+    )
 
 
 def _child_dies_after_its_word() -> None:
@@ -127,7 +129,9 @@ def _child_dies_after_its_word() -> None:
 
 def _at_the_word(act) -> None:
     run = child_process.run_in_child
-    child_process.run_in_child = lambda job: _then(functools.partial(run, job), act)
+    child_process.run_in_child = lambda job, *unwind: _then(
+        functools.partial(run, job, *unwind), act
+    )
 
 
 BOUNDARY = {

@@ -154,7 +154,7 @@ def test_a_taskmanager_killed_mid_night_is_replaced_and_the_night_is_unchanged(
             monkeypatch.setattr(write_steps, "write_shard", kill_once_then_write)
             # The job in this process, so the hook above runs where `killed` is read (the child
             # it otherwise runs in is tested in tests/pipelines/test_child_process.py).
-            monkeypatch.setattr(child_process, "run_in_child", lambda job: job())
+            monkeypatch.setattr(child_process, "run_in_child", lambda job, *unwind: job())
         runs[engine] = tmp_path / engine
         assert (
             anonymize_night(
