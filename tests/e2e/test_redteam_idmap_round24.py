@@ -1,0 +1,116 @@
+"""Red team round 24, damaged id maps: reproducers of holes left after the twenty-third round's
+fixes. Each asserts the promised behaviour and is marked xfail (strict) until it is fixed.
+
+Faults are injected as round 23's were: a prelude run in the CLI's process (a Beam night's
+launcher is forked from it) wraps one of kvtrace's own functions, so nothing depends on timing."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import MAP_SALT, kvtrace_child, map_night, map_of_nights
+
+pytestmark = pytest.mark.slow
+
+# What the staged night.json is damaged by, between the job that writes it and the launcher
+# that commits from it: not its segment files (round 23 derives those from the run's folder),
+# but the night's facts the launcher still takes on the record's word.
+_STAGED_DAMAGE = {
+    "the_manifests_start_moved": 'record["manifest"]["id_map"]["time_from_ms"] += 1',
+    "its_last_time_lowered": 'record["times"]["last_ms"] = 0',
+}
+
+
+def _damaging_the_staged_record(damage: str) -> str:
+    return f"""
+import kvtrace.pipelines.anonymize_night as night
+_stage = night._stage_record
+def _damaged(config, record):
+    if "segments" in record:
+        {damage}
+    return _stage(config, record)
+night._stage_record = _damaged
+"""
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+@pytest.mark.parametrize("damage", sorted(_STAGED_DAMAGE))
+def test_a_beam_nights_staged_record_damaged_in_its_facts_commits_nothing(
+    tiny_tokenizer, tmp_path, damage
+):
+    """Promise (docs/ID_MAP.md, 'On the Beam engine': 'The commit is derived from the run's own
+    segment folder, not taken on the record's word ... a damaged record is a one-line error,
+    nothing committed'; brief: a damaged map is never silently extended, a night publishes
+    whole or not at all). Round 23 derived the segment files and the ids added from the run's
+    folder, but the launcher (anonymize_night.finish_staged -> _staged_commit) still takes the
+    rest of night.json on its word: the manifest (only checked to be an object), the earliest
+    time and the night's times (checked for type, range and nulls only). The manifest is then
+    both recorded in the map (its id_map start, under the MAC) and published as it is: no
+    gate runs in the launcher.
+
+    Measured on a map of three nights, a fourth on the Beam engine:
+    - manifest id_map.time_from_ms + 1: version 4 records start time 259200001 for a night
+      whose first row is at 259200000, and the trace is published with that manifest; `kvtrace
+      audit` then refuses it ('the first row is not at time 0 (or the manifest's
+      id_map.time_from_ms)'): a night published that the gate rejects, its map extended.
+    - times.last_ms 0: version 4's published_to_ms stays at night 3's (172800000), silently
+      (the audit passes); a later night with a request at 216000000, before this night's
+      259200000, is then accepted and published (check_night_follows judges against the
+      recorded last time): the map's nights no longer follow one clock."""
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
+    night = ["anonymize", "--input", str(map_night(tmp_path, 2)), "--tokenizer", tiny_tokenizer]
+    night += ["--block-size", "4", "--output", str(tmp_path / "out2"), "--quiet"]
+    said = kvtrace_child(
+        *night,
+        "--engine",
+        "beam",
+        *common,
+        prelude=_damaging_the_staged_record(_STAGED_DAMAGE[damage]),
+        timeout=180,
+    )
+    errors = [line for line in said.stderr.splitlines() if line.startswith("error:")]
+    assert said.returncode != 0 and len(errors) == 1, said.stderr[-2000:]
+    assert "Traceback" not in said.stderr
+    assert not (tmp_path / "map" / "versions" / "000003.json").exists()
+    assert not (tmp_path / "out2").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_an_id_map_opened_in_a_folder_of_other_files_deletes_none_of_them(tiny_tokenizer, tmp_path):
+    """Promise (docs/NIGHTLY.md: 'temp files of killed commits are removed by the next run';
+    brief: nothing lost, bad input gets a one-line error): kvtrace removes only the temp files
+    its own commits left. But as a map opens (map_opening.open_repaired_map) and as a mark is
+    moved (anchor.advance_anchor), exclusive.remove_stale_temp_files deletes every entry of the
+    map's folder (and of the folder of marks) whose name merely holds '.tmp-', folders too
+    (storage.remove_unheld: shutil.rmtree), whatever wrote it. An operator who gives an
+    existing folder of their own as --id-map (or --id-map-marks: measured the same) is not
+    refused: the night builds its map there, and a folder `thesis.tmp-final/` of theirs, with
+    its files, is gone, silently (exit 0)."""
+    (tmp_path / "salt").write_bytes(MAP_SALT)
+    work = tmp_path / "work"
+    (work / "thesis.tmp-final").mkdir(parents=True)
+    (work / "thesis.tmp-final" / "chapter1.tex").write_text("years of work\n")
+    said = kvtrace_child(
+        "anonymize",
+        "--input",
+        str(map_night(tmp_path, 0)),
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+        "--output",
+        str(tmp_path / "out0"),
+        "--quiet",
+        "--id-map",
+        str(work),
+        "--id-map-marks",
+        str(tmp_path / "marks"),
+        "--salt-file",
+        str(tmp_path / "salt"),
+        timeout=120,
+    )
+    assert "Traceback" not in said.stderr
+    assert (work / "thesis.tmp-final" / "chapter1.tex").read_text() == "years of work\n", (
+        said.stderr[-2000:]
+    )
