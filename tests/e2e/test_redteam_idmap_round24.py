@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import KVTRACE, MAP_SALT, kvtrace_child, map_night, map_of_nights, peak_rss_mb
+from helpers import (
+    KVTRACE,
+    MAP_SALT,
+    anonymize,
+    kvtrace_child,
+    map_night,
+    map_of_nights,
+    peak_rss_mb,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -141,3 +149,53 @@ def test_a_record_of_brackets_before_a_mac_member_is_refused_in_bounded_memory(
     assert "000002.json" in stderr and len(stderr.strip().splitlines()) == 1, stderr
     assert not (tmp_path / "out2").exists()
     assert peak < 450, f"peak RSS {peak} MB for a 128 MiB record"
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_an_id_map_on_s3_is_extended_by_its_first_night(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
+    """Promise (docs/ID_MAP.md and `kvtrace id-map --help`: a map is 'local, gs:// or s3://';
+    exclusive.py: on S3 a commit checks that the name is free, then creates it; brief: a
+    night publishes whole or not at all, a failure is one line that says what happened). A
+    commit marks each new segment folder COMMITTED with an empty object
+    (map_files.create_mark -> storage.create, nothing written) and Beam's S3 writer
+    (apache_beam.io.aws.s3io.S3Uploader.finish) completes a multipart upload of an empty file
+    with no part, which S3 refuses (MalformedXML: a multipart upload needs at least one part;
+    the S3 mock answers as AWS does). So the first night on an s3:// map creates
+    versions/000001.json, then fails: 'error: the job failed: S3ClientError: (An error
+    occurred (MalformedXML) when calling the CompleteMultipartUpload operation ...);
+    published version 1 of the id map s3://... before the failure', no trace and no CURRENT;
+    every later night fails the same way as the map opens (id_map.finish_interrupted_commit
+    marks the folder again), so the map can never be extended nor its first night
+    published."""
+    moto = pytest.importorskip("moto")
+    import boto3
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    monkeypatch.setattr(
+        FileSystems,
+        "_pipeline_options",
+        PipelineOptions(
+            [
+                "--s3_region_name=us-east-1",
+                "--s3_access_key_id=testing",
+                "--s3_secret_access_key=testing",
+            ]
+        ),
+    )
+    (tmp_path / "salt").write_bytes(MAP_SALT)
+    flags = ["--block-size", "4", "--quiet", "--id-map", "s3://maps/map"]
+    flags += ["--id-map-marks", str(tmp_path / "marks"), "--salt-file", str(tmp_path / "salt")]
+    with moto.mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="maps")
+        code = anonymize(tiny_tokenizer, [map_night(tmp_path, 0)], tmp_path / "out0", *flags)
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="maps").get("Contents", [])]
+    assert code == 0, capsys.readouterr().err[-2000:]
+    assert "map/CURRENT" in keys and any(k.endswith("/COMMITTED") for k in keys), keys
+    assert (tmp_path / "out0" / "manifest.json").exists()
