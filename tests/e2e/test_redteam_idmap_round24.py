@@ -170,24 +170,9 @@ def test_an_id_map_on_s3_is_extended_by_its_first_night(
     every later night fails the same way as the map opens (id_map.finish_interrupted_commit
     marks the folder again), so the map can never be extended nor its first night
     published."""
-    moto = pytest.importorskip("moto")
+    moto = _mocked_s3(monkeypatch)
     import boto3
-    from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import PipelineOptions
 
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(name, "testing")
-    monkeypatch.setattr(
-        FileSystems,
-        "_pipeline_options",
-        PipelineOptions(
-            [
-                "--s3_region_name=us-east-1",
-                "--s3_access_key_id=testing",
-                "--s3_secret_access_key=testing",
-            ]
-        ),
-    )
     (tmp_path / "salt").write_bytes(MAP_SALT)
     flags = ["--block-size", "4", "--quiet", "--id-map", "s3://maps/map"]
     flags += ["--id-map-marks", str(tmp_path / "marks"), "--salt-file", str(tmp_path / "salt")]
@@ -199,3 +184,51 @@ def test_an_id_map_on_s3_is_extended_by_its_first_night(
     assert code == 0, capsys.readouterr().err[-2000:]
     assert "map/CURRENT" in keys and any(k.endswith("/COMMITTED") for k in keys), keys
     assert (tmp_path / "out0" / "manifest.json").exists()
+
+
+def _mocked_s3(monkeypatch) -> object:
+    """The moto module, once Beam's S3 filesystem is set to reach its mock (as
+    tests/e2e/test_gate_redteam_round4.py does)."""
+    moto = pytest.importorskip("moto")
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    options = ["--s3_region_name=us-east-1", "--s3_access_key_id=testing"]
+    options += ["--s3_secret_access_key=testing"]
+    monkeypatch.setattr(FileSystems, "_pipeline_options", PipelineOptions(options))
+    return moto
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_a_remote_folder_of_marks_is_accepted_by_the_maps_second_night(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
+    """Promise (docs/ID_MAP.md, Rollback: '--id-map-marks DIR (local, gs://, s3://)', 'give
+    the same folder every night'; configs/dataflow.yaml and deploy/schedule/cronjob.yaml ship
+    a gs:// and an s3:// map with a folder of marks beside it). The write plan checks every
+    remote folder it writes as an output (publish.check_written: `if is_url(path):
+    check_output(path)`), private ones too: an --id-map or --id-map-marks on gs:// or s3://
+    holding anything but an output's files is 'a folder of files kvtrace did not write'. The
+    first night writes the map's mark and place files there; the second is refused before
+    any work: 'error: --output s3://marks/kv holds files kvtrace did not write
+    (31215b...json, map-85f16b...json); a run replaces an output folder whole, so it must be
+    new, empty, or an earlier kvtrace output' (exit 2), naming a flag it was not given. An
+    s3:// or gs:// --id-map is refused the same way for its CURRENT (measured on the S3 mock
+    once its empty COMMITTED object is written: the test above): no remote map, nor a local
+    one anchored remotely, ever publishes a second night."""
+    moto = _mocked_s3(monkeypatch)
+    import boto3
+
+    (tmp_path / "salt").write_bytes(MAP_SALT)
+    flags = ["--block-size", "4", "--quiet", "--id-map", str(tmp_path / "map")]
+    flags += ["--id-map-marks", "s3://marks/kv", "--salt-file", str(tmp_path / "salt")]
+    with moto.mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="marks")
+        for day in range(2):
+            out = tmp_path / f"out{day}"
+            code = anonymize(tiny_tokenizer, [map_night(tmp_path, day)], out, *flags)
+            assert code == 0, f"night {day}: " + capsys.readouterr().err[-2000:]
+    assert (tmp_path / "map" / "versions" / "000002.json").exists()
