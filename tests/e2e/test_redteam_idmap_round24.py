@@ -2,7 +2,9 @@
 fixes. Each asserts the promised behaviour and is marked xfail (strict) until it is fixed.
 
 Faults are injected as round 23's were: a prelude run in the CLI's process (a Beam night's
-launcher is forked from it) wraps one of kvtrace's own functions, so nothing depends on timing."""
+launcher is forked from it) wraps one of kvtrace's own functions, so nothing depends on timing.
+Object stores are an S3 mock (moto) in the test's process, as in
+tests/e2e/test_gate_redteam_round4.py."""
 
 from __future__ import annotations
 
@@ -57,7 +59,8 @@ def test_a_beam_nights_staged_record_damaged_in_its_facts_commits_nothing(
     both recorded in the map (its id_map start, under the MAC) and published as it is: no
     gate runs in the launcher.
 
-    Measured on a map of three nights, a fourth on the Beam engine:
+    Measured on a map of three nights and a fourth on the Beam engine (this test: two and a
+    third, the same damage):
     - manifest id_map.time_from_ms + 1: version 4 records start time 259200001 for a night
       whose first row is at 259200000, and the trace is published with that manifest; `kvtrace
       audit` then refuses it ('the first row is not at time 0 (or the manifest's
@@ -151,6 +154,21 @@ def test_a_record_of_brackets_before_a_mac_member_is_refused_in_bounded_memory(
     assert peak < 450, f"peak RSS {peak} MB for a 128 MiB record"
 
 
+def _mocked_s3(monkeypatch) -> object:
+    """The moto module, once Beam's S3 filesystem is set to reach its mock (as
+    tests/e2e/test_gate_redteam_round4.py does)."""
+    moto = pytest.importorskip("moto")
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    options = ["--s3_region_name=us-east-1", "--s3_access_key_id=testing"]
+    options += ["--s3_secret_access_key=testing"]
+    monkeypatch.setattr(FileSystems, "_pipeline_options", PipelineOptions(options))
+    return moto
+
+
 @pytest.mark.beam
 @pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_an_id_map_on_s3_is_extended_by_its_first_night(
@@ -184,21 +202,6 @@ def test_an_id_map_on_s3_is_extended_by_its_first_night(
     assert code == 0, capsys.readouterr().err[-2000:]
     assert "map/CURRENT" in keys and any(k.endswith("/COMMITTED") for k in keys), keys
     assert (tmp_path / "out0" / "manifest.json").exists()
-
-
-def _mocked_s3(monkeypatch) -> object:
-    """The moto module, once Beam's S3 filesystem is set to reach its mock (as
-    tests/e2e/test_gate_redteam_round4.py does)."""
-    moto = pytest.importorskip("moto")
-    from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(name, "testing")
-    options = ["--s3_region_name=us-east-1", "--s3_access_key_id=testing"]
-    options += ["--s3_secret_access_key=testing"]
-    monkeypatch.setattr(FileSystems, "_pipeline_options", PipelineOptions(options))
-    return moto
 
 
 @pytest.mark.beam
