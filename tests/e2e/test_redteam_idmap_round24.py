@@ -12,12 +12,14 @@ import pytest
 
 from helpers import (
     KVTRACE,
+    MAP_NIGHT_ZERO_MS,
     MAP_SALT,
     anonymize,
     kvtrace_child,
     map_night,
     map_of_nights,
     peak_rss_mb,
+    write_jsonl,
 )
 
 pytestmark = pytest.mark.slow
@@ -152,6 +154,73 @@ def test_a_record_of_brackets_before_a_mac_member_is_refused_in_bounded_memory(
     assert "000002.json" in stderr and len(stderr.strip().splitlines()) == 1, stderr
     assert not (tmp_path / "out2").exists()
     assert peak < 450, f"peak RSS {peak} MB for a 128 MiB record"
+
+
+def _another_night_as_leftovers_are_deleted(night: list[str], leftover: str) -> str:
+    """A prelude: another night on the same map, run to its end just as this run deletes the
+    leftover folder's files (after listing them), as a run started once this one's commit
+    stood would interleave: deterministic, no timing."""
+    return f"""
+import subprocess, sys
+import kvtrace.transforms.storage as storage
+_delete = storage.delete
+def _after_another_night(paths):
+    if any({leftover!r} in path for path in paths):
+        subprocess.run([sys.executable, "-m", "kvtrace.cli", *{night!r}], capture_output=True)
+    return _delete(paths)
+storage.delete = _after_another_night
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_a_committed_night_is_published_when_another_run_cleared_the_leftovers_first(
+    tiny_tokenizer, tmp_path
+):
+    """Promise (id_map.py: 'Of two runs extending one version, the first to commit publishes';
+    docs/ID_MAP.md: the commit, its mark and the cleanup that follows are one section; brief:
+    a night publishes whole, a failure is one line that says what happened). After its commit
+    a night deletes what killed or beaten runs left (id_map.discard_abandoned: it lists the
+    segment folders' files, then storage.delete -> os.remove each), and so does every run as
+    it opens the map. Two runs that clear the same leftovers race: the one that deletes second
+    finds a file gone and fails. A map holding a killed run's leftover folder for the next
+    version (segments/000003-...), night 2 commits version 3; a second night, started once
+    that commit stood, opens the map (its cleanup removes the leftover) and commits version 4
+    while night 2 is between listing the leftover and deleting it. Night 2, whose version
+    stands, then ends 'error: the job failed: [Errno 2] No such file or directory:
+    .../segments/000003-aaaaaaaaaaaa/blocks-00001.index.npz; published version 3 of the id map
+    ... before the failure' (exit 1) and publishes no trace: the night the map recorded is
+    lost until rerun. Seen unprovoked too: three nights started together on one map (two
+    local, one Beam), one of four trials."""
+    common = map_of_nights(tiny_tokenizer, tmp_path, 2)
+    leftover = tmp_path / "map" / "segments" / "000003-aaaaaaaaaaaa"
+    leftover.mkdir()
+    (leftover / "blocks-00001.parquet").write_bytes(b"a killed run's")
+    (leftover / "blocks-00001.index.npz").write_bytes(b"a killed run's")
+    later = write_jsonl(
+        tmp_path / "later.jsonl",
+        [
+            {
+                "timestamp": MAP_NIGHT_ZERO_MS + 3 * 86_400_000,
+                "output_length": 5,
+                "messages": [{"role": "user", "content": "Where is Oslo ? Oslo is in Norway ."}],
+            }
+        ],
+    )
+    shared = ["--tokenizer", tiny_tokenizer, "--block-size", "4", "--quiet", *common]
+    other = ["anonymize", "--input", str(later), "--output", str(tmp_path / "out3"), *shared]
+    said = kvtrace_child(
+        "anonymize",
+        "--input",
+        str(map_night(tmp_path, 2)),
+        "--output",
+        str(tmp_path / "out2"),
+        *shared,
+        prelude=_another_night_as_leftovers_are_deleted(other, leftover.name),
+        timeout=180,
+    )
+    assert (tmp_path / "out3" / "manifest.json").exists()  # the other night ran in between
+    assert said.returncode == 0, said.stderr[-2000:]
+    assert (tmp_path / "out2" / "manifest.json").exists()
 
 
 def _mocked_s3(monkeypatch) -> object:
