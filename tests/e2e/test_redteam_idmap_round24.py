@@ -8,6 +8,8 @@ tests/e2e/test_gate_redteam_round4.py."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from helpers import (
@@ -15,6 +17,7 @@ from helpers import (
     MAP_NIGHT_ZERO_MS,
     MAP_SALT,
     anonymize,
+    anonymize_night,
     kvtrace_child,
     map_night,
     map_of_nights,
@@ -221,6 +224,42 @@ def test_a_committed_night_is_published_when_another_run_cleared_the_leftovers_f
     assert (tmp_path / "out3" / "manifest.json").exists()  # the other night ran in between
     assert said.returncode == 0, said.stderr[-2000:]
     assert (tmp_path / "out2" / "manifest.json").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_upgrade_refuses_a_keyed_map_whose_versions_are_not_one_chain(tiny_tokenizer, tmp_path):
+    """Promise (docs/ID_MAP.md, 'Format 3 maps': 'On a keyed map it only verifies every record
+    and the mark and anchors it'; 'A run opens the map only once its whole history is the
+    newest record's own (id_map.verified_newest)'; brief: the id map is verified whole). On a
+    keyed map id_map.upgrade_map verifies each record by its own MAC (key_format_3_map ->
+    _verified_is_keyless) and walks from the newest down to the marked version only, never
+    the chain below it. Another map of the same salt's version 2 put in place of this map's
+    (a record that verifies on its own) makes every night refuse the map ('the versions of
+    the id map ... do not form one chain from version 1 to 3'), yet `kvtrace id-map upgrade`
+    says 'already keyed, nothing rewritten; version 3 anchored' and exits 0 (`rebind` binds
+    the place to it as well): the operator is told the map is sound."""
+    common = map_of_nights(tiny_tokenizer, tmp_path, 3)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "salt").write_bytes(MAP_SALT)
+    for day in range(2):
+        night = write_jsonl(
+            other / f"night{day}.jsonl",
+            [
+                {
+                    "timestamp": MAP_NIGHT_ZERO_MS + day * 86_400_000,
+                    "output_length": 5,
+                    "messages": [{"role": "user", "content": f"another map's night {day} ."}],
+                }
+            ],
+        )
+        flags = ["--id-map", str(other / "map"), "--id-map-marks", str(other / "marks")]
+        flags += ["--salt-file", str(other / "salt"), "--quiet"]
+        assert anonymize_night(tiny_tokenizer, [night], other / f"out{day}", *flags) == 0
+    shutil.copy(other / "map" / "versions" / "000002.json", tmp_path / "map" / "versions")
+    said = kvtrace_child("id-map", "upgrade", str(tmp_path / "map"), *common[2:], timeout=120)
+    errors = [line for line in said.stderr.splitlines() if line.startswith("error:")]
+    assert said.returncode != 0 and len(errors) == 1, said.stdout + said.stderr[-2000:]
 
 
 def _mocked_s3(monkeypatch) -> object:
