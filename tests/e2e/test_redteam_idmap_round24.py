@@ -313,7 +313,6 @@ def test_an_id_map_on_s3_is_extended_by_its_first_night(
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_a_remote_folder_of_marks_is_accepted_by_the_maps_second_night(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):
