@@ -600,7 +600,6 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         _LOG.setLevel(logging.WARNING)
     from kvtrace.pipelines.anonymize_config import AnonymizeConfig, run_hash_shards
     from kvtrace.transforms import storage
-    from kvtrace.transforms.encode.blocks import salt_fingerprint
     from kvtrace.transforms.encode.tokenize import (
         TokenizerUnreachable,
         load_tokenizer,
@@ -666,7 +665,10 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             ),
         ],
     )
-    fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
+    # Loaded here first, to fail clearly rather than on workers; pinned, so that a worker loading
+    # another salt from the same source (a file rotated mid-run) refuses it (SaltSource.load).
+    salt = salt.pinned()
+    fingerprint = salt.fingerprint
     scheme = _hash_scheme(options)
     capture = options.get("capture")
     try:  # a capture is no text: nothing to tokenize

@@ -281,7 +281,6 @@ def _completed_checkpoints(job: str) -> int:
         return json.load(response)["counts"]["completed"]
 
 
-@ROUND
 def test_a_salt_file_rotated_under_a_running_stream_never_renumbers_its_prefixes(
     broker, tiny_tokenizer, tmp_path
 ):

@@ -16,7 +16,7 @@ import pytest
 
 from helpers import free_port, render_deploy
 from kvtrace.pipelines.anonymize_config import IdMapRun
-from kvtrace.transforms.encode.blocks import HASH_SCHEME
+from kvtrace.transforms.encode.blocks import HASH_SCHEME, salt_fingerprint
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.ids.id_map import MapIdentity, MapVersion
@@ -118,13 +118,15 @@ def test_a_local_pipeline_graph_holds_no_salt_either(tiny_tokenizer, tmp_path, m
         output=str(tmp_path / "o"),
         staging=str(tmp_path / "staging"),
         tokenizer=tiny_tokenizer,
-        salt=SaltSource("env", "KVTRACE_SALT"),
+        salt=SaltSource("env", "KVTRACE_SALT").pinned(),  # as the launcher gives it
         dead_letter=str(tmp_path / "r"),
     )
     pipeline = beam.Pipeline()
     build(pipeline, config)
     staged = unpacked(pipeline.to_runner_api().SerializeToString())
     assert b"KVTRACE_SALT" in staged and SALT not in staged
+    # the salt's public fingerprint travels, for the workers to check theirs against
+    assert salt_fingerprint(SALT).encode() in staged
 
 
 def unpacked(serialized: bytes) -> bytes:

@@ -139,7 +139,8 @@ class EncodeOptions:
     """How requests become hashes: the encoder's twin of read.records.ParseOptions, built once
     from a run's config and passed whole wherever an encoder is made. It names the tokenizer and
     where the salt is, never the salt: it travels in Beam's pipeline graph to the workers, which
-    load both (open_encoder)."""
+    load both (open_encoder), each checked against the run's (tokenizer_sha256, the salt
+    source's pinned fingerprint)."""
 
     tokenizer: str  # a local folder or a known name (tokenize.load_tokenizer); "" for --capture
     salt: SaltSource
@@ -322,7 +323,8 @@ def open_encoder(
     options: EncodeOptions, segment_cache: SegmentCache | None = None
 ) -> RequestEncoder:
     """The encoder where it runs (a Beam worker, a local worker process): the tokenizer loaded
-    and checked against the files the run began with, the salt fetched and chained."""
+    and checked against the files the run began with, the salt fetched, checked against the
+    fingerprint the run began with (SaltSource.load), and chained."""
     return RequestEncoder(
         checked_tokenizer(options.tokenizer, options.tokenizer_sha256, options.tokenizer_backend)
         if options.tokenizer

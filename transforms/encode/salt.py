@@ -5,13 +5,21 @@ of nightly exports), which is why a map needs the same salt every night. A SaltS
 the salt lives, not the salt itself: workers fetch it in their own setup, so a salt kept in a
 file, an environment variable or a secret manager never enters the pipeline graph that Dataflow
 or Flink stage. Only a random per-run salt travels inline: it protects nothing after the run.
+
+Every worker fetches the salt again, so the source may hand it another (a file rotated under a
+running stream, a Kubernetes Secret updated, $KVTRACE_SALT another on a worker pool): the
+launcher pins the source to its salt's public fingerprint (pinned), and every later load refuses
+a salt whose fingerprint differs, as checked_tokenizer refuses files not the run's.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from kvtrace.transforms.encode.blocks import salt_fingerprint
+from kvtrace.transforms.errors import JobStopped
 
 # A salt is a short secret; a file far larger is a mistake (a log, a device) read for nothing.
 MAX_SALT_BYTES = 1 << 16
@@ -27,11 +35,13 @@ class SaltError(ValueError):
 @dataclass(frozen=True)
 class SaltSource:
     """kind "file": a path Beam's filesystems open (local, gs://, s3://); "env": an environment
-    variable on every worker; "gcp-secret": a Secret Manager version; "random": inline, per run."""
+    variable on every worker; "gcp-secret": a Secret Manager version; "random": inline, per run.
+    fingerprint: the run's salt's (blocks.salt_fingerprint, public), once pinned; "" before."""
 
     kind: str
     where: str = ""
     inline: bytes = field(default=b"", repr=False)
+    fingerprint: str = ""
 
     def describe(self) -> str:
         return {
@@ -47,12 +57,25 @@ class SaltSource:
         return self.kind != "random"
 
     def load(self) -> bytes:
+        """The salt; once pinned, only the run's: another is a refusal (JobStopped: a night's
+        step makes it its verdict, a stream stops in one line) before it keys any hash."""
         salt = self._fetch()
         if len(salt) < MIN_SALT_BYTES:
             raise SaltError(
                 f"the salt from {self.describe()} is {len(salt)} bytes; use at least {MIN_SALT_BYTES}"
             )
+        if self.fingerprint and salt_fingerprint(salt) != self.fingerprint:
+            raise JobStopped(
+                f"the salt from {self.describe()} is not the one this run began with "
+                f"(fingerprint {salt_fingerprint(salt)}, the run's {self.fingerprint}): changed "
+                f"since, or another on this worker; its hashes would renumber every prefix"
+            )
         return salt
+
+    def pinned(self) -> SaltSource:
+        """This source bound to the salt it holds now (the launcher's load): where the run's
+        workers load it again, only that salt is taken."""
+        return replace(self, fingerprint=salt_fingerprint(self.load()))
 
     def _fetch(self) -> bytes:
         if self.kind == "random":

@@ -602,15 +602,16 @@ def _marked(folder: str) -> tuple[str, list[str]]:
     return writer, [*files, *([OUTPUT_MARK_OBJECT] if is_url(folder) else [])]
 
 
-def check_output(output: str, own: frozenset[str] = frozenset()) -> None:
-    """Refuse an output folder holding files kvtrace did not write (or a file in its place)."""
+def check_output(output: str, own: frozenset[str] = frozenset(), flag: str = "--output") -> None:
+    """Refuse an output folder holding files kvtrace did not write (or a file in its place),
+    saying so by the flag that named it."""
     foreign = foreign_files(output, own)
     if foreign:
         shown = ", ".join(foreign[:5]) + (
             f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
         )
         raise OutputRefused(
-            f"--output {output} holds files kvtrace did not write ({shown}); a run replaces an "
+            f"{flag} {output} holds files kvtrace did not write ({shown}); a run replaces an "
             f"output folder whole, so it must be new, empty, or an earlier kvtrace output"
         )
 
@@ -760,13 +761,15 @@ def publish_folder(
     own: frozenset[str] = frozenset(),
     private: bool = False,
     report: StagedFile | None = None,
+    flag: str = "--output",
 ) -> None:
     """Replace the output folder with the staging folder, whole, and then the run's report
     (if any) with its staged file: both or neither (publish_in_place); the staging folder's
     files are durable already (storage.create syncs each). A private folder stays owner-only
-    from staging through the swap: a kill at any step leaves it unreadable to others."""
+    from staging through the swap: a kill at any step leaves it unreadable to others. flag:
+    the option that named the output, for a refusal."""
     if is_url(output):
-        check_output(output, own)  # again: something may have appeared while the run ran
+        check_output(output, own, flag)  # again: something may have appeared while the run ran
         with publication(None) as published:  # copies: what a hard end meets cannot be told
             _publish_remote(staging, output)
             published.append(output)
@@ -778,7 +781,7 @@ def publish_folder(
     os.chmod(staging, storage.PRIVATE_FOLDER if private else storage.PUBLIC_FOLDER)
     if not private:
         storage.unmark_private(staging)  # made private to stage; published for all to read
-    check_output(output, own)  # again, at the swap: files may have appeared while the run ran
+    check_output(output, own, flag)  # again, at the swap: files may have appeared meanwhile
     if report:
         report.stamp()
     publish_in_place([(staging, output), *(report.moves() if report else [])], own)
@@ -1269,8 +1272,10 @@ def check_written(location: Location) -> None:
     fits the filesystem, it is no link; none inside a command's output folder; a file no
     folder (check_file); a folder no file, not another command's output (its manifest or
     output mark says which), holding nothing kvtrace did not write (check_output); a private
-    one that can be made owner-only, no command's output; a local one not a mount point (it
-    cannot be swapped)."""
+    one that can be made owner-only, no command's output (a private folder holds what a map,
+    its marks or dead letters hold, which no output lists: never checked as an output); a local
+    one not a mount point (it cannot be swapped). Local or URL alike, but for what only a local
+    folder has (its parent, links, owner, permissions); every refusal names location's flag."""
     path, flag = folded(location.path), location.flag
     if location.path == "-":  # a pipe cannot be staged and renamed whole, and '-' reads as one
         raise OutputRefused(
@@ -1313,17 +1318,16 @@ def check_written(location: Location) -> None:
             _check_private_parent(location, os.path.dirname(written_place(path)))
         return
     _check_not_in_an_output(location, path)
-    if is_url(path):
-        check_output(path)
-        return
-    check_parent(path)
-    if os.path.islink(written_place(path)):
-        raise OutputRefused(
-            f"{flag} {path} is a symbolic link; kvtrace writes its own folder "
-            f"there, never through a link: name the folder itself"
-        )
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise OutputRefused(f"{flag} {path} is a file; it names a folder")
+    local = not is_url(path)
+    if local:
+        check_parent(path)
+        if os.path.islink(written_place(path)):
+            raise OutputRefused(
+                f"{flag} {path} is a symbolic link; kvtrace writes its own folder "
+                f"there, never through a link: name the folder itself"
+            )
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise OutputRefused(f"{flag} {path} is a file; it names a folder")
     writer = folder_writer(path)
     if location.writer and writer and writer != location.writer:
         raise OutputRefused(
@@ -1333,8 +1337,8 @@ def check_written(location: Location) -> None:
     if location.private:
         _check_private(location, writer)
     if location.writer:
-        check_output(path)
-    if location.private and os.path.isdir(path) and os.stat(path).st_uid != os.geteuid():
+        check_output(path, flag=flag)
+    if local and location.private and os.path.isdir(path) and os.stat(path).st_uid != os.geteuid():
         raise OutputRefused(
             f"{flag} {path} belongs to another user, so it cannot be made "
             f"owner-only; give a folder of your own"

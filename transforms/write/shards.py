@@ -242,6 +242,10 @@ def publish_block_hashes(hashes: str | None, output_staging: str, manifest: dict
     with storage.create(storage.join(staged, BLOCK_HASHES_OUTPUT), private=True) as handle:
         handle.write(f"{sha256_of(canonical_json(manifest))}  {MANIFEST}\n".encode())
     publish_folder(
-        staged, hashes, block_hashes_files(hashes) | block_hashes_files(staged), private=True
+        staged,
+        hashes,
+        block_hashes_files(hashes) | block_hashes_files(staged),
+        private=True,
+        flag="--emit-block-hashes",
     )
     return manifest

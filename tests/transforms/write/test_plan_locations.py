@@ -20,6 +20,7 @@ from kvtrace.transforms.write.publish import (
     OutputRefused,
     file_output,
     folder_output,
+    mark_output,
     plan_locations,
     spots_beneath,
     staging_folder,
@@ -430,3 +431,55 @@ def test_a_private_file_in_a_folder_others_may_write_is_refused_before_the_work(
         plan_locations([], [private])
     plan_locations([], [Location("--json", str(shared / "fit.json"))])  # a public one may
     plan_locations([], [Location("--json", str(tmp_path / "fit.json"), private=True)])
+
+
+@pytest.fixture
+def bucket(monkeypatch):
+    """s3://bucket on moto's mock, Beam's S3 filesystem set to reach it."""
+    moto = pytest.importorskip("moto")
+    import boto3
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    options = ["--s3_region_name=us-east-1", "--s3_access_key_id=testing"]
+    monkeypatch.setattr(
+        FileSystems, "_pipeline_options", PipelineOptions([*options, "--s3_secret_access_key=x"])
+    )
+    with moto.mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bucket")
+        yield "s3://bucket"
+
+
+def _put(url: str, data: bytes = b"{}") -> None:
+    from kvtrace.transforms import storage
+
+    with storage.create(url) as handle:
+        handle.write(data)
+
+
+@pytest.mark.beam
+@pytest.mark.parametrize("flag", ["--id-map", "--id-map-marks", "--dead-letter"])
+def test_a_remote_private_folder_is_checked_as_private_not_as_an_output(bucket, flag):
+    """What a map, its marks or dead letters hold is listed by no output's manifest: a remote
+    private folder holding it is accepted as a local one is; a command's output there is refused
+    by the flag that named it."""
+    _put(f"{bucket}/private/map-0123.json")
+    plan_locations([], [Location(flag, f"{bucket}/private", FOLDER, private=True)])
+    _put(f"{bucket}/analysis/report.json")
+    mark_output(f"{bucket}/analysis", "analyze")
+    with pytest.raises(OutputRefused, match=f"^{flag} {bucket}/analysis is an output of kvtrace"):
+        plan_locations([], [Location(flag, f"{bucket}/analysis", FOLDER, private=True)])
+
+
+@pytest.mark.beam
+def test_a_remote_output_is_refused_by_its_own_flag_and_never_replaces_another_commands(bucket):
+    _put(f"{bucket}/out/notes.txt")
+    with pytest.raises(OutputRefused, match=f"^--to {bucket}/out holds files kvtrace did not"):
+        plan_locations([], [Location("--to", f"{bucket}/out", FOLDER, writer="convert")])
+    _put(f"{bucket}/analysis/report.json")
+    mark_output(f"{bucket}/analysis", "analyze")
+    with pytest.raises(OutputRefused, match="is an output of kvtrace analyze; convert replaces"):
+        plan_locations([], [Location("--to", f"{bucket}/analysis", FOLDER, writer="convert")])
+    plan_locations([], [Location("--to", f"{bucket}/analysis", FOLDER, writer="analyze")])

@@ -147,8 +147,8 @@ def test_a_file_added_after_the_last_check_is_never_removed_with_the_previous(
             handle.write(b"first")
     real, checks = publish.check_output, []
 
-    def someone_writes_after_the_check(output, own=frozenset()):
-        real(output, own)
+    def someone_writes_after_the_check(output, own=frozenset(), flag="--output"):
+        real(output, own, flag)
         checks.append(output)
         if len(checks) == 2:  # the check at the swap (the first is before the work)
             (out / "notes.txt").write_bytes(b"mine")
