@@ -1,0 +1,158 @@
+"""Red team round 24, the streaming pipeline: reproducers of holes in its promises (a stray
+clock's requests never the zero nor the stream's kind of time; the work a message costs bounded
+whatever the stream holds open), run on Beam's DirectRunner with a TestStream (its source's
+clock: the watermark), or on the controller itself (PublishWindows, its state faked)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import STREAM_START_MS, stream_counts
+
+DAY = 86_400_000
+RESET_MS = 946_684_800_000  # 2000-01-01T00:00:00Z: where a reset clock starts
+SALT = "a-streaming-test-salt-0123456789abcdef"
+
+pytestmark = pytest.mark.slow
+
+
+def published_times(output: Path) -> list[int]:
+    """Every published row's timestamp (ms from the trace's zero), across the stream's windows."""
+    return sorted(
+        json.loads(line)["timestamp"]
+        for path in output.glob("window-*/trace-*.jsonl")
+        for line in path.read_text().splitlines()
+    )
+
+
+def run_strays_then_real(tokenizer: str, tmp_path: Path, strays: list[int]) -> Path:
+    """The stream of two requests from one stray clock (the first in a quiet stream), a window
+    and its idle time of quiet, then five real requests of 2026; its output folder."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import message, run_stream, stream_chat, streaming_config
+
+    config = streaming_config(tmp_path, tokenizer)
+    real = [stream_chat(STREAM_START_MS + 1000 * i, 2 + i) for i in range(5)]
+    quiet = int(time.time()) + 300  # the source's clock (s): a window and its idle time later
+    stream = (
+        TestStream()
+        .add_elements([message(stream_chat(ts, i)) for i, ts in enumerate(strays)])
+        .advance_watermark_to(quiet)
+        .add_elements([message(r) for r in real])
+        .advance_watermark_to_infinity()
+    )
+    run_stream(config, stream)
+    return Path(config.job.output)
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_two_requests_of_a_reset_clock_first_in_a_quiet_stream_never_become_the_zero(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: the zero's epoch is never published, a stray clock's request is a dead letter,
+    never the zero, and the windows are the batch job's output of the same records
+    (docs/STREAMING.md, Windows from the zero). Round 23's fix (Progress.witnessed) fixes the
+    zero once a second request stands in the bulk beside the first: a client whose clock was
+    reset sends more than one request, and its second is that witness. Two requests of
+    2000-01-01 first, then a quiet window: window-000000 is theirs, the zero is 2000-01-01, and
+    the five real requests that follow (the bulk from then on) are published from it: each
+    row's timestamp is its wall-clock time minus 2000-01-01 (820540800000 ms = 2026-01-01),
+    written into the stream's folder (a window audited alone passes; the folder's audit flags
+    the 9496-day gap, so every later window of the stream is unpublishable). The batch job of
+    the same records letters the two and publishes the five from the first real request."""
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    output = run_strays_then_real(tiny_tokenizer, tmp_path, [RESET_MS, RESET_MS + 1000])
+    times = published_times(output)
+    # As the batch job publishes them: no row a clock gap (over 7 days) from the one before it.
+    assert max(b - a for a, b in zip(times, times[1:])) <= 7 * DAY, times
+    assert stream_counts(tmp_path / "stream-rejected")["exported"] == 5
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_two_relative_times_first_in_a_quiet_stream_do_not_letter_every_request_after_them(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: every request exported or a dead letter for what is wrong with it, as the batch
+    job judges it. Same cause, the other kind of time: two messages with relative times ("timestamp":
+    0 and 1000, a client's default and a replay's offset) first, then a quiet window, are
+    witnessed by each other and fix the stream's kind of time as relative: every real request
+    read afterwards, forever, is a `timestamp_kind_mismatch` letter and nothing more is
+    published (the folder's audit passes it). The batch job exports the five real requests and
+    letters the two."""
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    run_strays_then_real(tiny_tokenizer, tmp_path, [0, 1000])
+    assert stream_counts(tmp_path / "stream-rejected")["exported"] == 5
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_a_message_costs_the_controller_work_bounded_whatever_it_holds_open(tmp_path, monkeypatch):
+    """Promise: bad input is a dead letter, never a hang (nor unbounded work). Each message
+    into the controller (PublishWindows.process, one key for the whole stream) recomputes the
+    due time of every open window and re-arms every window's timer (_arm over
+    Progress.deadlines), and pickles a Progress that holds them all: n messages opening n
+    windows cost n(n+1)/2 timer sets and deadlines. Windows off the stream's clock stay open a
+    window and its idle time (their own run's clock), so requests whose times are spread over
+    the 2000-2100 range parse allows (a client's bad clock, or anyone able to publish to the
+    topic), one per window, pile up: 1,000 of them cost the controller 2.6 CPU-s here in fakes
+    (4x for 2x: quadratic), 200 through the DirectRunner 8 CPU-s against 1.1 for 50, and an
+    hour of them at 10 messages/s (36,000 open windows) stalls the stream's one key. The work a
+    message costs is to be bounded (here: a few timer sets and due times per message, counted,
+    not timed)."""
+    from apache_beam.utils.timestamp import Timestamp
+
+    from helpers import streaming_config
+    from kvtrace.pipelines import anonymize_streaming
+    from kvtrace.pipelines.anonymize_streaming import Progress, PublishWindows
+    from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+
+    work = {"timer sets": 0, "due times": 0}
+
+    class Bag:
+        def __init__(self) -> None:
+            self.items: list = []
+            self.value = None
+
+        def add(self, item) -> None:
+            self.items.append(item)
+
+        def read(self):
+            return self.value if self.value is not None else list(self.items)
+
+        def clear(self) -> None:
+            self.items = []
+
+        def write(self, value) -> None:
+            self.value = value
+
+    class Timers:
+        def set(self, timestamp: Timestamp, dynamic_timer_tag: str = "") -> None:
+            work["timer sets"] += 1
+
+        def clear(self, dynamic_timer_tag: str = "") -> None:
+            pass
+
+    due_ms = Progress.due_ms
+
+    def counted(self, *args):
+        work["due times"] += 1
+        return due_ms(self, *args)
+
+    monkeypatch.setattr(Progress, "due_ms", counted)
+    monkeypatch.setattr(anonymize_streaming, "source_now_ms", lambda: 1_800_000_000_000)
+    publisher = PublishWindows(streaming_config(tmp_path, "x"))
+    state = {"pending": Bag(), "progress_state": Bag()}
+    timers = {"deadline": Timers(), "letters_due": Timers(), "end": Timers()}
+    messages = 200
+    for i in range(messages):  # two minutes apart: each its own one-minute window
+        request = HashedRequest(STREAM_START_MS + i * 120_000, i, 1, 1, b"", None)
+        publisher.process((0, HashedBatch.pack([request])), **state, **timers)
+    # Today 20,100 of each (n(n+1)/2): every message re-arms every window opened before it.
+    assert work["timer sets"] <= 4 * messages and work["due times"] <= 4 * messages, work
