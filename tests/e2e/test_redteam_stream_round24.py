@@ -1,7 +1,9 @@
 """Red team round 24, the streaming pipeline: reproducers of holes in its promises (a stray
 clock's requests never the zero nor the stream's kind of time; the work a message costs bounded
-whatever the stream holds open), run on Beam's DirectRunner with a TestStream (its source's
-clock: the watermark), or on the controller itself (PublishWindows, its state faked)."""
+whatever the stream holds open; nothing read lost when the stream stops on an error), run on
+Beam's DirectRunner with a TestStream (its source's clock: the watermark), on the controller
+itself (PublishWindows, its state faked), or through the CLI on gcloud's Pub/Sub emulator
+(loopback)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from helpers import STREAM_START_MS, stream_counts
+# The Pub/Sub emulator's set-up, round 22's (one copy).
+from test_redteam_stream_round22 import (
+    left_in,
+    needs_emulator,
+    publish,
+    run_counts,
+    start_stream,
+    subscription,
+    wait_until,
+)
+
+from helpers import STREAM_START_MS, stream_counts, stream_request
 
 DAY = 86_400_000
 RESET_MS = 946_684_800_000  # 2000-01-01T00:00:00Z: where a reset clock starts
@@ -156,3 +169,42 @@ def test_a_message_costs_the_controller_work_bounded_whatever_it_holds_open(tmp_
         publisher.process((0, HashedBatch.pack([request])), **state, **timers)
     # Today 20,100 of each (n(n+1)/2): every message re-arms every window opened before it.
     assert work["timer sets"] <= 4 * messages and work["due times"] <= 4 * messages, work
+
+
+@needs_emulator
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_a_stream_stopped_by_a_window_it_cannot_publish_loses_none_of_what_it_read(
+    emulator, tiny_tokenizer, tmp_path
+):
+    """Promise: every message exported once or dead-lettered with a reason, counts adding up
+    across restarts; only a hard kill (SIGKILL, a lost machine) loses the open windows'
+    requests (docs/BOUNDS.md). Round 23 stops a stream in one line when a folder it did not
+    write stands at its next window's name (claim_window); any failure of the writer (that
+    refusal, a full disk, a permission changed) ends the pipeline the same way, and it ends
+    with no drain: Beam's DirectRunner acknowledged each message as it pulled it, so every
+    request of the failed window and of every window still open, and every letter waiting, is
+    gone: published nowhere, lettered nowhere, counted nowhere (no run-counts file), and not
+    on the subscription for the next stream. Here a careless `mkdir window-000000` in the
+    stream's folder, then four requests, one past the first minute's deadline and a poison
+    message: the stream stops ("stands at the stream's next window's name") and all six are
+    lost."""
+    topic, path = subscription(emulator, "blocked")
+    output = tmp_path / "stream"
+    stream = start_stream(tiny_tokenizer, path, emulator, output, "--window", "1m")
+    wait_until(output.is_dir, [stream])
+    (output / "window-000000").mkdir()  # an operator's folder where the stream publishes next
+    records = [stream_request(i, 4) for i in range(4)]
+    records.append({**stream_request(5, 4), "timestamp": STREAM_START_MS + 150_000})
+    messages = [b"not json"] + [json.dumps(record).encode() for record in records]
+    publish(emulator, topic, messages)
+    try:
+        stream.wait(timeout=120)
+    finally:
+        if stream.poll() is None:
+            stream.kill()
+            stream.wait()
+    assert stream.returncode == 2 and "stands at the stream's next window's name" in (
+        stream.stderr.read()
+    )
+    accounted = run_counts(tmp_path / "stream-rejected")["read"]
+    assert accounted + left_in(emulator, path, len(messages) - accounted) == len(messages)
