@@ -1,5 +1,5 @@
 """Red team round 24, the streaming pipeline: reproducers of holes in its promises (a stray
-clock's requests never the zero nor the stream's kind of time; the work a message costs bounded
+clock's requests never the zero nor the stream's kind of time, never a window of their own; the work a message costs bounded
 whatever the stream holds open; nothing read lost when the stream stops on an error), run on
 Beam's DirectRunner with a TestStream (its source's clock: the watermark), on the controller
 itself (PublishWindows, its state faked), or through the CLI on gcloud's Pub/Sub emulator
@@ -28,6 +28,7 @@ from helpers import STREAM_START_MS, stream_counts, stream_request
 
 DAY = 86_400_000
 RESET_MS = 946_684_800_000  # 2000-01-01T00:00:00Z: where a reset clock starts
+AHEAD_MS = 1_893_456_000_000  # 2030-01-01T00:00:00Z: a clock years ahead
 SALT = "a-streaming-test-salt-0123456789abcdef"
 
 pytestmark = pytest.mark.slow
@@ -102,6 +103,46 @@ def test_two_relative_times_first_in_a_quiet_stream_do_not_letter_every_request_
     monkeypatch.setenv("KVTRACE_SALT", SALT)
     run_strays_then_real(tiny_tokenizer, tmp_path, [0, 1000])
     assert stream_counts(tmp_path / "stream-rejected")["exported"] == 5
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_requests_from_a_clock_years_ahead_never_outvote_the_windows_a_stream_published(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: a stray clock's requests are dead letters, as the batch job judges them, and
+    requests produced in order are never late (docs/STREAMING.md, Clock resets: "A reset
+    arriving alone, after the earlier windows were published, is judged against them and is a
+    dead letter, never a window of its own"). It is judged against their count: a stream young
+    enough to have published few requests is outvoted by a few more from one wrong clock.
+    Window 0 (five requests) published, then seven requests of a producer whose clock is four
+    years ahead: they are the bulk now (7 against 5), so the real window still open is the
+    stray (`implausible_timestamp`), the seven are window-000001, four years after the zero
+    (the folder's audit flags the gap), and every real request after them, forever, is a
+    `late` letter. The batch job of the same records exports the nine real requests and
+    letters the seven."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import message, run_stream, stream_chat, streaming_config
+
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    first = [stream_chat(STREAM_START_MS + 5000 * i, i) for i in range(5)]
+    first.append(stream_chat(STREAM_START_MS + 130_000, 5))  # past window 0's deadline
+    ahead = [stream_chat(AHEAD_MS + 1000 * i, 10 + i) for i in range(7)]
+    later = [stream_chat(STREAM_START_MS + 200_000 + 1000 * i, 20 + i) for i in range(3)]
+    now = int(time.time())  # the source's clock (s)
+    stream = (
+        TestStream()
+        .add_elements([message(r) for r in first])
+        .advance_watermark_to(now + 60)  # window 0 published
+        .add_elements([message(r) for r in ahead])
+        .advance_watermark_to(now + 600)  # the clock ahead's window due (its own run's clock)
+        .add_elements([message(r) for r in later])
+        .advance_watermark_to_infinity()
+    )
+    run_stream(config, stream)
+    assert stream_counts(tmp_path / "stream-rejected") == {"read": 16, "exported": 9, "rejected": 7}
 
 
 @pytest.mark.beam
