@@ -1,8 +1,9 @@
 """Red team round 24, the streaming pipeline: reproducers of holes in its promises (a stray
-clock's requests never the zero nor the stream's kind of time, never a window of their own; the work a message costs bounded
-whatever the stream holds open; nothing read lost when the stream stops on an error), run on
-Beam's DirectRunner with a TestStream (its source's clock: the watermark), on the controller
-itself (PublishWindows, its state faked), or through the CLI on gcloud's Pub/Sub emulator
+clock's requests never the zero nor the stream's kind of time, never a window of their own;
+requests produced in order never late; the work a message costs bounded whatever the stream
+holds open; nothing read lost when the stream stops on an error), run on Beam's DirectRunner
+with a TestStream (its source's clock: the watermark), on the controller itself
+(PublishWindows, its state faked), or through the CLI on gcloud's Pub/Sub emulator
 (loopback)."""
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from test_redteam_stream_round22 import (
 
 from helpers import STREAM_START_MS, stream_counts, stream_request
 
-DAY = 86_400_000
+HOUR = 3_600_000
+DAY = 24 * HOUR
 RESET_MS = 946_684_800_000  # 2000-01-01T00:00:00Z: where a reset clock starts
 AHEAD_MS = 1_893_456_000_000  # 2030-01-01T00:00:00Z: a clock years ahead
 SALT = "a-streaming-test-salt-0123456789abcdef"
@@ -143,6 +145,44 @@ def test_requests_from_a_clock_years_ahead_never_outvote_the_windows_a_stream_pu
     )
     run_stream(config, stream)
     assert stream_counts(tmp_path / "stream-rejected") == {"read": 16, "exported": 9, "rejected": 7}
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_one_request_hours_ahead_after_a_quiet_window_does_not_make_the_next_hours_late(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: requests produced in order are never late; requests beyond a gap "wait in their
+    own windows (published in time order, never lost), so requests produced after them are not
+    late" (docs/STREAMING.md, Clock resets). Round 23 made a window off the stream's clock due
+    from its own run's latest request (a window, the lateness and the idle time after it, at
+    the source's pace): one request of a producer logging local time (9 hours ahead) is such a
+    window, and once the source has been quiet that long (70 s with one-minute windows, an hour
+    and 10 s with hour windows: a quiet night) it is published, as window-000001, with every
+    older window. From then on every request the real producers send, in order, for 9 hours is
+    a `late` letter (its window is older than one published). Here three requests of minute 0,
+    the one ahead, two quiet minutes, then three requests of minute 2: all three late; without
+    the one ahead all six are exported (as the batch job exports all seven)."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import message, run_stream, stream_chat, streaming_config
+
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer, lateness_ms=5000)
+    first = [stream_chat(STREAM_START_MS + 10_000 * i, i) for i in range(3)]
+    ahead = stream_chat(STREAM_START_MS + 9 * HOUR + 1000, 3)
+    # Produced two minutes of the source's clock later, as their times say: in order.
+    later = [stream_chat(STREAM_START_MS + 150_000 + 5000 * i, 4 + i) for i in range(3)]
+    now = int(time.time())  # the source's clock (s)
+    stream = (
+        TestStream()
+        .add_elements([message(r) for r in [*first, ahead]])
+        .advance_watermark_to(now + 120)  # two quiet minutes
+        .add_elements([message(r) for r in later])
+        .advance_watermark_to_infinity()
+    )
+    run_stream(config, stream)
+    assert stream_counts(tmp_path / "stream-rejected") == {"read": 7, "exported": 7, "rejected": 0}
 
 
 @pytest.mark.beam
