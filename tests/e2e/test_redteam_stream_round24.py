@@ -31,6 +31,7 @@ HOUR = 3_600_000
 DAY = 24 * HOUR
 RESET_MS = 946_684_800_000  # 2000-01-01T00:00:00Z: where a reset clock starts
 AHEAD_MS = 1_893_456_000_000  # 2030-01-01T00:00:00Z: a clock years ahead
+FAR_AHEAD_MS = 4_070_908_800_000  # 2099-01-01T00:00:00Z: decades ahead, still a log's date
 SALT = "a-streaming-test-salt-0123456789abcdef"
 
 pytestmark = pytest.mark.slow
@@ -145,6 +146,38 @@ def test_requests_from_a_clock_years_ahead_never_outvote_the_windows_a_stream_pu
     )
     run_stream(config, stream)
     assert stream_counts(tmp_path / "stream-rejected") == {"read": 16, "exported": 9, "rejected": 7}
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 24")
+def test_requests_from_a_clock_decades_ahead_never_stop_a_young_stream(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: poison messages are dead letters, never a crash of the job (which, on the
+    DirectRunner, loses every request of the windows still open: acknowledged, never published
+    nor counted). Same cause as above, with a clock 73 years ahead (2099, within the 2000-2100
+    the reader accepts): the seven outvote the five published, and their window's rows lie over
+    2^40 ms from the zero, past trace_format's range: the writer stops the stream
+    (`JobStopped: trace shard 0: integers outside [0, 1099511627775] ...: timestamp`)."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import message, run_stream, stream_chat, streaming_config
+
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    first = [stream_chat(STREAM_START_MS + 5000 * i, i) for i in range(5)]
+    first.append(stream_chat(STREAM_START_MS + 130_000, 5))  # past window 0's deadline
+    ahead = [stream_chat(FAR_AHEAD_MS + 1000 * i, 10 + i) for i in range(7)]
+    now = int(time.time())  # the source's clock (s)
+    stream = (
+        TestStream()
+        .add_elements([message(r) for r in first])
+        .advance_watermark_to(now + 60)  # window 0 published
+        .add_elements([message(r) for r in ahead])
+        .advance_watermark_to_infinity()
+    )
+    run_stream(config, stream)
+    assert stream_counts(tmp_path / "stream-rejected") == {"read": 13, "exported": 6, "rejected": 7}
 
 
 @pytest.mark.beam
