@@ -80,8 +80,8 @@ def test_two_requests_of_a_reset_clock_first_in_a_quiet_stream_never_become_the_
     2000-01-01 first, then a quiet window: window-000000 is theirs, the zero is 2000-01-01, and
     the five real requests that follow (the bulk from then on) are published from it: each
     row's timestamp is its wall-clock time minus 2000-01-01 (820540800000 ms = 2026-01-01),
-    written into the stream's folder (a window audited alone passes; the folder's audit flags
-    the 9496-day gap, so every later window of the stream is unpublishable). The batch job of
+    written into the stream's folder as it publishes each window (the folder's audit flags the
+    9496-day gap afterwards: every later window of the stream is unpublishable). The batch job of
     the same records letters the two and publishes the five from the first real request."""
     monkeypatch.setenv("KVTRACE_SALT", SALT)
     output = run_strays_then_real(tiny_tokenizer, tmp_path, [RESET_MS, RESET_MS + 1000])
