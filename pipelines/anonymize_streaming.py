@@ -24,16 +24,17 @@ again, byte for byte, a window it had published after the checkpoint (cut from t
 and ids go on from the checkpoint's. With nothing late, the windows concatenated are the batch
 output of the same records, byte for byte (its zero is the earliest request too). A request whose
 window is older than one already published is late: a dead letter with reason `late`; windows
-go out in time order. Once the zero is fixed, a request of the other kind of time (an epoch
-date after a relative zero, or the reverse) is a dead letter (the batch job's rule). Records
+go out in time order. Records
 that never became requests (bad JSON, ...) are dead letters of the next window published, or,
 after LETTER_DELAY_S without one (or at the stream's end), published with the cumulative.json
 written then (rejected-KEY-letters-000001.jsonl). cumulative.json publishes only what the windows'
 rows prove; what was read and rejected is the operator's, in run-counts.json beside the dead
-letters (as a batch run's). Clock resets are judged as batch judges them,
-against the stream's whole input so far, and never move its clock; nor do requests beyond a gap
-of more than a window and the lateness until windows fill it (Progress.clocks); nor is one
-request first in a quiet stream its zero until a second witnesses it (Progress.witnessed).
+letters (as a batch run's). The stream's clock, its zero and its clocks gone wrong follow one
+rule (transforms/write/stream_windows.py): the published rows anchor the stream (a request
+over MAX_GAP_DAYS from them, or of the other kind of time, is a dead letter as it comes); the
+zero is fixed by its own run's clock in order, or at the stream's end by the batch rule; a
+window ahead of the stream's clock waits for it. A window the writer cannot publish is counted
+dead letters, and so is every later one; the stream drains, then stops (stream_drain.fail).
 
 Windows are cut and judged in one key (PublishWindows, the controller) and written in one
 (WriteWindows), in order; the id map is in (kind, shard) keys, none holding all of it, and no

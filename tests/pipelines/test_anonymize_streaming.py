@@ -138,81 +138,6 @@ DAY = 86_400_000
 RESET = 365 * DAY  # a clock gone a year ahead
 
 
-@pytest.mark.beam
-def test_a_clock_reset_never_moves_the_streams_clock(tmp_path):
-    """Before the zero each run of days waits on its own clock, its latest request: a reset
-    passes no deadline of the real requests' run, and is never passed by theirs; the run of
-    the window due fixes the zero, and the reset is a letter then (first_anchor)."""
-    from kvtrace.pipelines.anonymize_streaming import Progress
-
-    config = streaming_config(tmp_path, "x")
-    progress = Progress()
-    progress.saw(config, 0, [10_000], NOW)
-    progress.saw(config, RESET, [RESET + 1], NOW + 1)
-    progress.saw(config, 0, [20_000], NOW + 2)
-    assert progress.passed_ms == {0: None, RESET: None}
-    assert progress.clocks(config) == {0: (20_000, NOW + 2), RESET: (RESET + 1, NOW + 1)}
-    progress.saw(config, MINUTE, [70_000], NOW + 3)  # a real request passes window 0's deadline
-    assert progress.passed_ms[0] == NOW + 3 and progress.due(config, NOW + 3) == [0]
-    # The run due anchors the zero: the reset's day is none of its.
-    assert progress.first_anchor(config, NOW + 3) == {0: 3}
-
-
-@pytest.mark.beam
-def test_requests_beyond_a_gap_wait_for_the_streams_clock(tmp_path):
-    """Once the zero is fixed, requests more than a window and the allowed lateness ahead of
-    the stream's clock (a producer logging local time, within the published rows' days) pass
-    no deadline until windows fill the gap, and are due only once the stream's clock, run on at
-    the source's pace, passes their deadline: idle time never publishes them early, so the
-    in-order requests after them are never late."""
-    from kvtrace.pipelines.anonymize_streaming import Progress
-
-    config = streaming_config(tmp_path, "x")
-    ahead = 3 * MINUTE
-    progress = Progress()
-    progress.saw(config, 0, [10_000, 20_000], NOW)
-    progress.publish(0)
-    progress.saw(config, ahead, [ahead + 1, ahead + 2], NOW + 1)
-    progress.saw(config, ahead + MINUTE, [ahead + MINUTE + 1], NOW + 2)  # its own run moves on
-    assert progress.passed_ms == {ahead: None, ahead + MINUTE: None}
-    # The stream's clock (20 s, in at NOW) reaches the window's deadline 220 s later.
-    assert progress.timers(config) == {ahead: NOW + (ahead + MINUTE - 20_000) + config.idle_ms}
-    progress.saw(config, MINUTE, [70_000], NOW + 3)  # the gap narrows: 110 s still
-    assert progress.passed_ms[ahead] is None
-    progress.saw(config, 2 * MINUTE, [130_000], NOW + 4)  # filled: the clock runs through
-    assert progress.passed_ms == {
-        MINUTE: NOW + 4,
-        ahead: NOW + 4,
-        2 * MINUTE: NOW + 4,
-        ahead + MINUTE: None,
-    }
-    assert progress.due(config, NOW + 4) == [MINUTE, 2 * MINUTE, ahead]
-
-
-@pytest.mark.beam
-def test_requests_ahead_never_outvote_the_published_rows(tmp_path):
-    """Once windows are published, their rows anchor the stream: requests more than MAX_GAP_DAYS
-    from them, however many (a reset, a clock years ahead), have no clock, and are
-    judged with the published rows' days (letters), never the bulk of a judgement of their own;
-    a request within MAX_GAP_DAYS of what waits beside the rows is kept."""
-    from kvtrace.pipelines.anonymize_streaming import Progress
-
-    config = streaming_config(tmp_path, "x")
-    progress = Progress()
-    progress.saw(config, 0, [0, 10_000, 20_000], NOW)
-    progress.publish(0)
-    for n in range(7):
-        progress.saw(config, RESET + n * MINUTE, [RESET + n * MINUTE + 1], NOW + 1)
-    # No clock of theirs; held (a state judged without the anchor), they are judged at once.
-    assert progress.clocks(config) == {}
-    assert progress.timers(config) == {RESET + n * MINUTE: NOW + 1 for n in range(7)}
-    ahead = [(RESET + n * MINUTE, requests_at(RESET + n * MINUTE + 1)) for n in range(7)]
-    near = [(6 * DAY, requests_at(6 * DAY)), (13 * DAY, requests_at(13 * DAY))]
-    kept, strays = keep_plausible_windows(ahead + near, progress.published_days)
-    assert [window for window, _ in kept] == [6 * DAY, 13 * DAY]
-    assert [letter.reason for letter in strays] == ["implausible_timestamp"] * 7
-
-
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.sampled_from([0, DAY, 2 * DAY, 9 * DAY, 17 * DAY, RESET]), min_size=1, max_size=20),
@@ -715,27 +640,6 @@ def test_the_writer_writes_plans_in_order_each_window_once_its_ids_are_back():
     assert ready == [] and book.next_seq == 0  # window 0 lacks an answer: nothing overtakes it
     ready, book = writable(book._replace(answers={**book.answers, 0: 2}), 2)
     assert ready == [0, 1, 2] and book == Book(3, {}, {})
-
-
-@pytest.mark.beam  # PublishWindows: Beam in this process
-def test_idle_time_alone_never_fixes_the_zero(tmp_path):
-    """Before the zero, a window its run's clock has not passed (two requests of one still
-    clock, a reset's two) is due only MAX_GAP_DAYS of the source's clock later than the idle
-    rule would have it; once a window is published the idle rule applies."""
-    from helpers import streaming_config
-    from kvtrace.pipelines.anonymize_streaming import Progress
-    from kvtrace.transforms.read.timestamps import DAY_MS
-
-    config = streaming_config(tmp_path, "x")
-    first = Progress()
-    first.saw(config, 0, [1_000, 2_000], NOW)
-    idle = NOW + (MINUTE - 2_000) + config.idle_ms
-    assert first.timers(config) == {0: idle + MAX_GAP_DAYS * DAY_MS}
-    anchored = Progress()
-    anchored.saw(config, 0, [1_000], NOW)
-    anchored.publish(0)
-    anchored.saw(config, MINUTE, [MINUTE + 1_000, MINUTE + 2_000], NOW)
-    assert anchored.timers(config) == {MINUTE: idle}
 
 
 @pytest.mark.beam
