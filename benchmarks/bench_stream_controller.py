@@ -4,7 +4,7 @@ its own two minutes after the last (one-minute windows: none passes another's de
 all stay open), as round 24's reproducer feeds it. Prints the timer sets, the due times
 computed (Progress.due_ms) and the CPU seconds:
 
-    PYTHONPATH=. python benchmarks/bench_stream_controller.py --messages 200 1000
+    PYTHONPATH=. python benchmarks/bench_stream_controller.py --messages 200 1000 5000
 """
 
 from __future__ import annotations

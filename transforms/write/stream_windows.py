@@ -20,10 +20,12 @@ windows are due and which timers to set). docs/STREAMING.md states the rule; in 
 The controller's work per message is bounded: the timers wanted are the windows passed (each
 due once, at a fixed time) and the oldest window still waiting on the clock (the clock's due
 times grow with the window: due() publishes every older window with a due one); only timers
-whose time changed are set again (Progress.armed)."""
+whose time changed are set again (Progress.armed); a message moves only its own run's clock
+(Progress.saw), over the open windows kept sorted (Progress.order)."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Iterator
 from typing import Protocol
@@ -95,6 +97,7 @@ class Progress:
     open_days: dict[int, dict[int, tuple[int, int]]] = dataclasses.field(default_factory=dict)
     window_arrived: dict[int, int] = dataclasses.field(default_factory=dict)
     waiting: dict[int, int] = dataclasses.field(default_factory=dict)  # open_days summed per day
+    order: list[int] = dataclasses.field(default_factory=list)  # the open windows, sorted
     arrived_ms: int = 0  # when (source's clock) the last batch came in
     # Open windows -> when (source's clock) a request past their deadline came in, None before.
     passed_ms: dict[int, int | None] = dataclasses.field(default_factory=dict)
@@ -129,12 +132,29 @@ class Progress:
             days = [anchored_days(self.published_days, self.waiting_days())]
         else:
             days = [(first, last) for _, first, last in day_runs(self.waiting_days())]
+        if len(days) == 1 and days[0][0] <= min(self.waiting, default=0):
+            if max(self.waiting, default=0) <= days[0][1]:  # one run: no walk over the windows
+                return [self.order] if self.order else []
         runs: list[list[int]] = [[] for _ in days]
-        for window, held in sorted(self.open_days.items()):
+        for window in self.order:
+            day = min(self.open_days[window])
             for place, (first, last) in enumerate(days):
-                if first <= min(held) <= last:
+                if first <= day <= last:
                     runs[place].append(window)
         return [run for run in runs if run]
+
+    def _chain(self, config: Windowing, run: list[int]) -> tuple[int, int, int]:
+        """A run's clock, when its request came in, and how many of its windows it reaches."""
+        gap = config.window_ms + config.allowed_lateness_ms
+        clock, arrived = self.published_latest_ms, self.published_arrived_ms
+        if self.published_ms is None:  # from the run's first window
+            clock, arrived = self._latest(run[0]), self.window_arrived[run[0]]
+        for reach, window in enumerate(run):
+            if window - clock > gap:
+                return clock, arrived, reach
+            clock = max(clock, self._latest(window))
+            arrived = max(arrived, self.window_arrived[window])
+        return clock, arrived, len(run)
 
     def clocks(self, config: Windowing) -> dict[int, tuple[int, int]]:
         """Each open window with a clock -> (its clock, when its request came in: source's
@@ -142,17 +162,9 @@ class Progress:
         never another's); after it the stream's clock moves from its latest published request
         through the open windows contiguous with it, no gap over a window and the allowed
         lateness (which requests produced in order leave none of)."""
-        gap = config.window_ms + config.allowed_lateness_ms
         clocks: dict[int, tuple[int, int]] = {}
         for run in self.runs():
-            clock, arrived = self.published_latest_ms, self.published_arrived_ms
-            if self.published_ms is None:  # from the run's first window
-                clock, arrived = self._latest(run[0]), self.window_arrived[run[0]]
-            for window in run:
-                if window - clock > gap:
-                    break
-                clock = max(clock, self._latest(window))
-                arrived = max(arrived, self.window_arrived[window])
+            clock, arrived, _ = self._chain(config, run)
             clocks.update(dict.fromkeys(run, (clock, arrived)))
         return clocks
 
@@ -164,11 +176,26 @@ class Progress:
     ) -> None:
         """Requests of window (their times) came in at now_ms (source's clock): the windows
         whose deadline their clock passes are due once everything before now_ms has come in."""
+        runs = len(day_runs(self.waiting))
+        if window not in self.open_days:
+            bisect.insort(self.order, window)
         self.passed_ms.setdefault(window, None)
         self.hold(window, np.atleast_1d(np.asarray(timestamps, np.int64)))
         self.window_arrived[window] = now_ms
         self.arrived_ms = max(self.arrived_ms, now_ms)
-        self.clock_moved(config, now_ms)
+        if len(day_runs(self.waiting)) != runs:  # runs joined or a new one: judged again
+            self.clock_moved(config, now_ms)
+            return
+        # Its run's clock only moved on: its windows newly passed, the newest first, down to
+        # the first passed before (the passed are the run's first windows): no walk over all.
+        run = next((run for run in self.runs() if _holds(run, window)), [])
+        if run:
+            clock, _, reach = self._chain(config, run)
+            passed = bisect.bisect_right(run, clock - config.deadline_ms(0), 0, reach)
+            for earlier in reversed(run[:passed]):
+                if self.passed_ms[earlier] is not None:
+                    break
+                self.passed_ms[earlier] = now_ms
 
     def clock_moved(self, config: Windowing, now_ms: int) -> None:
         """The open windows' deadlines against their clocks: passed from now_ms on, or no
@@ -197,18 +224,26 @@ class Progress:
         arrival that passed it; the oldest window waiting on the stream's clock (before the
         zero: of the bulk's run) at its due_ms. Every other waits for these, for the next
         publication (which judges it) or for the stream's end."""
-        wanted = {w: passed for w, passed in self.passed_ms.items() if passed is not None}
-        clocks = self.clocks(config)
-        # Off the anchor (held by a state judged without it): judged at once.
+        wanted: dict[int, int] = {}
+        runs = self.runs()
+        for run in runs:  # the passed: each run's first windows
+            for window in run:
+                passed = self.passed_ms[window]
+                if passed is None:
+                    break
+                wanted[window] = passed
         if self.published_ms is not None:
-            wanted.update({w: self.window_arrived[w] for w in self.passed_ms if w not in clocks})
-        waiting = [w for w in sorted(clocks) if self.passed_ms[w] is None]
-        if self.published_ms is None:
-            first, last = plausible_days(self.waiting_days())
-            waiting = [w for w in waiting if first <= min(self.open_days[w]) <= last]
-        if waiting:
-            window = waiting[0]
-            wanted[window] = self.due_ms(config, window, *clocks[window])
+            if sum(map(len, runs)) < len(self.order):  # off the anchor (a state judged
+                held = set().union(*runs)  # without it): judged at once
+                wanted.update({w: self.window_arrived[w] for w in self.order if w not in held})
+            clocked = runs[0] if runs else []
+        else:
+            first, last = plausible_days(self.waiting)
+            clocked = next((r for r in runs if first <= min(self.open_days[r[0]]) <= last), [])
+        waiting = next((w for w in clocked if self.passed_ms[w] is None), None)
+        if waiting is not None:
+            clock, arrived, _ = self._chain(config, clocked)
+            wanted[waiting] = self.due_ms(config, waiting, clock, arrived)
         return wanted
 
     def due(self, config: Windowing, watermark_ms: int, everything: bool = False) -> list[int]:
@@ -216,9 +251,9 @@ class Progress:
         with every older open window: windows go out in time order, so once one is published
         an older one's requests are late (and said so), never a window of their own after it."""
         if everything:
-            return sorted(self.passed_ms)
+            return list(self.order)
         due = [w for w, due_ms in self.timers(config).items() if due_ms <= watermark_ms]
-        return sorted(w for w in self.passed_ms if due and w <= max(due))
+        return self.order[: bisect.bisect_right(self.order, max(due))] if due else []
 
     def first_anchor(
         self, config: Windowing, watermark_ms: int, everything: bool = False
@@ -266,12 +301,15 @@ class Progress:
         for window in [w for w in self.passed_ms if w not in self.open_days]:
             del self.passed_ms[window]
             self.window_arrived.pop(window, None)
+        self.order = sorted(self.open_days)
         self.clock_moved(config, self.arrived_ms)
 
     def publish(self, window: int) -> str:
         """The folder of an open window published now: named by the windows published before
         it, so a restart restoring this state names it again the same."""
         del self.passed_ms[window]
+        if _holds(self.order, window):
+            del self.order[bisect.bisect_left(self.order, window)]
         self.published_arrived_ms = max(
             self.published_arrived_ms, self.window_arrived.pop(window, 0)
         )
@@ -286,3 +324,9 @@ class Progress:
 
     def last_published(self) -> str:
         return window_name(self.windows - 1)
+
+
+def _holds(run: list[int], window: int) -> bool:
+    """Whether a run (sorted windows) holds window."""
+    place = bisect.bisect_left(run, window)
+    return place < len(run) and run[place] == window

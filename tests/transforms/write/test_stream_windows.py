@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.encode.timestamp_kinds import keep_plausible_windows
 from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
@@ -129,3 +132,33 @@ def test_a_message_sets_only_the_timers_whose_time_changed():
         progress.saw(config, i * 2 * MINUTE, [i * 2 * MINUTE], NOW)
         assert list(progress.timers(config)) == [0]
     assert len(calls) == 50
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 1, 2, 5, 9, 30]), st.integers(0, 10 * MINUTE)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.booleans(),
+)
+def test_a_message_moves_the_clocks_as_judging_everything_again_does(requests, anchored):
+    """saw() updates only the run the request joins (its newly passed windows), or everything
+    when runs join or a new one starts: the windows passed are those a whole recomputation
+    (clock_moved over every open window) finds, whatever the order requests come in."""
+    config = Windows()
+    progress = Progress()
+    if anchored:
+        progress.saw(config, 0, [1_000], NOW)
+        progress.publish(0)
+    for n, (day, offset) in enumerate(requests):
+        event_ms = day * DAY + MINUTE + offset
+        window = event_ms // MINUTE * MINUTE
+        if anchored and window <= 0:
+            continue
+        progress.saw(config, window, [event_ms], NOW + n)
+        whole = dataclasses.replace(progress, passed_ms=dict(progress.passed_ms))
+        whole.clock_moved(config, NOW + n)
+        passed = {w for w, at in progress.passed_ms.items() if at is not None}
+        assert passed == {w for w, at in whole.passed_ms.items() if at is not None}
