@@ -5,12 +5,14 @@ windows are due and which timers to set). docs/STREAMING.md states the rule; in 
 - Anchor. Once a window is published, its rows anchor the stream: a waiting request is
   published only within the run of days (read/timestamps.anchored_days, the batch rule's
   MAX_GAP_DAYS) that holds the published rows, never outvoted by what waits; the rest are
-  dead letters, judged at the next publication.
-- Zero. Before it, every run of days (no gap over MAX_GAP_DAYS) waits on its own clock, its
-  latest request: a window is due once a request of its run passes its deadline, never by idle
-  time alone; the run of the first window due (the bulk of the runs due then) fixes the zero,
-  and the other runs are letters. The stream's end judges what waits by the batch rule
-  (plausible_days); MAX_GAP_DAYS of the source's clock past the idle rule's time bounds the wait.
+  dead letters (the controller judges each request as it comes, and what waits again at each
+  publication).
+- Zero. Before it, every run of days (no gap over MAX_GAP_DAYS) waits on its own clock, moved
+  in order from its first window as below: a window is due once a request of its run passes its
+  deadline, never by idle time alone; the run of the first window due (the bulk of the runs due
+  then) fixes the zero, and the other runs are letters. The stream's end judges what waits by
+  the batch rule (plausible_days); MAX_GAP_DAYS of the source's clock past the idle rule's time
+  bounds the wait.
 - Clock. Once anchored, the stream's clock is its latest published request, moved on through
   the open windows contiguous with it (no gap over a window and the allowed lateness): a window
   it passes is due when every record produced before the passing request has come in; a window
@@ -158,10 +160,10 @@ class Progress:
 
     def clocks(self, config: Windowing) -> dict[int, tuple[int, int]]:
         """Each open window with a clock -> (its clock, when its request came in: source's
-        clock). Before the zero a run's clock is its latest request (the zero is its run's,
-        never another's); after it the stream's clock moves from its latest published request
-        through the open windows contiguous with it, no gap over a window and the allowed
-        lateness (which requests produced in order leave none of)."""
+        clock). The clock moves from the latest published request (before the zero: from the
+        run's first window; the zero is its run's, never another's) through the open windows
+        of its run contiguous with it, no gap over a window and the allowed lateness (which
+        requests produced in order leave none of)."""
         clocks: dict[int, tuple[int, int]] = {}
         for run in self.runs():
             clock, arrived, _ = self._chain(config, run)
