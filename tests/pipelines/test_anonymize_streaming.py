@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -671,3 +672,36 @@ def test_a_window_the_writer_cannot_publish_is_letters_and_so_is_every_later_one
     (failure,) = stream_drain._FAILURES
     assert "stands at the stream's next window's name" in str(failure)
     assert stream_drain.DRAINING.is_set()
+
+
+@pytest.mark.beam
+@pytest.mark.slow  # a streaming pipeline: ~5 s
+def test_a_stream_resumed_past_the_rules_gap_letters_what_its_audit_would_refuse(
+    tiny_tokenizer, tmp_path, monkeypatch, caplog
+):
+    """Published rows anchor the stream: requests 9 days after them (a holiday over the batch
+    rule's gap), however many, are `implausible_timestamp` letters, said once with the remedy,
+    and the stream's folder stays publishable (the audit's _check_stream_gap)."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from kvtrace.transforms.stats import audit as gate
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    start = 1_767_225_600_000
+    first = [stream_chat(start + 10_000 * i, i) for i in range(3)]
+    first.append(stream_chat(start + 70_000, 3))  # in order, past window 0's deadline
+    resumed = [stream_chat(start + 9 * DAY + 1_000 * i, 4 + i) for i in range(6)]
+    stream = (
+        TestStream()
+        .add_elements([message(r) for r in first])
+        .advance_watermark_to(int(time.time()) + 60)  # window 0 published
+        .add_elements([message(r) for r in resumed])
+        .advance_watermark_to_infinity()
+    )
+    run_stream(config, stream)
+    assert stream_counts(config.job.dead_letter) == {"read": 10, "exported": 4, "rejected": 6}
+    reasons = [letter["error"] for letter in letters(Path(config.job.dead_letter))]
+    assert reasons == ["implausible_timestamp"] * 6
+    assert any("6 requests lie more than 7 days" in r.message for r in caplog.records)
+    assert gate.audit(config.job.output, tiny_tokenizer)["publishable"]
