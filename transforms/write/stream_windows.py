@@ -185,12 +185,15 @@ class Progress:
         self.hold(window, np.atleast_1d(np.asarray(timestamps, np.int64)))
         self.window_arrived[window] = now_ms
         self.arrived_ms = max(self.arrived_ms, now_ms)
-        if len(day_runs(self.waiting)) != runs:  # runs joined or a new one: judged again
+        run = next((run for run in self.runs() if _holds(run, window)), [])
+        # Runs joined, a new one, or a run's clock starting from a new first window: judged
+        # again, every open window.
+        first = self.published_ms is None and run[:1] == [window] and len(run) > 1
+        if len(day_runs(self.waiting)) != runs or first:
             self.clock_moved(config, now_ms)
             return
         # Its run's clock only moved on: its windows newly passed, the newest first, down to
         # the first passed before (the passed are the run's first windows): no walk over all.
-        run = next((run for run in self.runs() if _holds(run, window)), [])
         if run:
             clock, _, reach = self._chain(config, run)
             passed = bisect.bisect_right(run, clock - config.deadline_ms(0), 0, reach)
