@@ -24,16 +24,17 @@ again, byte for byte, a window it had published after the checkpoint (cut from t
 and ids go on from the checkpoint's. With nothing late, the windows concatenated are the batch
 output of the same records, byte for byte (its zero is the earliest request too). A request whose
 window is older than one already published is late: a dead letter with reason `late`; windows
-go out in time order. Once the zero is fixed, a request of the other kind of time (an epoch
-date after a relative zero, or the reverse) is a dead letter (the batch job's rule). Records
+go out in time order. Records
 that never became requests (bad JSON, ...) are dead letters of the next window published, or,
 after LETTER_DELAY_S without one (or at the stream's end), published with the cumulative.json
 written then (rejected-KEY-letters-000001.jsonl). cumulative.json publishes only what the windows'
 rows prove; what was read and rejected is the operator's, in run-counts.json beside the dead
-letters (as a batch run's). Clock resets are judged as batch judges them,
-against the stream's whole input so far, and never move its clock; nor do requests beyond a gap
-of more than a window and the lateness until windows fill it (Progress.clocks); nor is one
-request first in a quiet stream its zero until a second witnesses it (Progress.witnessed).
+letters (as a batch run's). The stream's clock, its zero and its clocks gone wrong follow one
+rule (transforms/write/stream_windows.py): the published rows anchor the stream (a request
+over MAX_GAP_DAYS from them, or of the other kind of time, is a dead letter as it comes); the
+zero is fixed by its own run's clock in order, or at the stream's end by the batch rule; a
+window ahead of the stream's clock waits for it. A window the writer cannot publish is counted
+dead letters, and so is every later one; the stream drains, then stops (stream_drain.fail).
 
 Windows are cut and judged in one key (PublishWindows, the controller) and written in one
 (WriteWindows), in order; the id map is in (kind, shard) keys, none holding all of it, and no
@@ -44,6 +45,8 @@ all.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import os
 import re
 import time
@@ -79,30 +82,24 @@ from kvtrace.pipelines.anonymize_night import (
     write_dead_letters,
 )
 from kvtrace.pipelines.runner import is_remote, pipeline_options, run
-from kvtrace.pipelines.stream_drain import drained_on_stop
+from kvtrace.pipelines.stream_drain import drained_on_stop, fail
 from kvtrace.transforms import storage
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter, shown_name
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.steps import Encode
 from kvtrace.transforms.encode.timestamp_kinds import (
-    keep_kind,
+    IMPLAUSIBLE_TIMESTAMP,
     keep_plausible_windows,
     sum_kind_counts,
 )
-from kvtrace.transforms.errors import ConfigError
+from kvtrace.transforms.errors import ConfigError, JobStopped
 from kvtrace.transforms.ids.dense_ids import KindIds, UniqueTotals, sum_unique, unique_totals
 from kvtrace.transforms.ids.id_shards import DEFAULT_ID_SHARDS, placed, window_parts
 from kvtrace.transforms.ids.steps import QUERY, NumberNew, SeenShard, ShardStore
 from kvtrace.transforms.read.steps import parse_records
-from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS, plausible_days, timestamp_kind
-from kvtrace.transforms.trace_format import (
-    STREAM_TOTALS,
-    canonical_json,
-    parse_json,
-    window_index,
-    window_name,
-)
-from kvtrace.transforms.write.coarsen import Coarsening, published_requests, round_to
+from kvtrace.transforms.read.timestamps import MAX_GAP_DAYS
+from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, parse_json, window_index
+from kvtrace.transforms.write.coarsen import Coarsening, round_to
 from kvtrace.transforms.write.manifest import RUN_COUNTS, set_content_times
 from kvtrace.transforms.write.publish import (
     STREAM_WRITER,
@@ -115,14 +112,15 @@ from kvtrace.transforms.write.publish import (
     output_key,
 )
 from kvtrace.transforms.write.shards import block_hashes_staging
+from kvtrace.transforms.write.stream_windows import KINDS, Progress, by_window
 
 LATE = "late"
+UNPUBLISHED_WINDOW = "unpublished_window"  # the writer could not publish the window
 # A source that has delivered nothing for this long (by its own clock) has nothing older to send:
 # windows past their deadline close then even when no newer request says so.
 IDLE_MS = 10_000
 # Dead letters wait this long (processing time) for a window to go out with, then go alone.
 LETTER_DELAY_S = 10
-KINDS = ("blocks", "sessions")
 SEEN = "seen"  # the controller's tagged outputs to the shard steps
 PLAN, ADDED, ANSWER = "plan", "added", "answer"  # what the writer takes
 PUBSUB = re.compile(r"pubsub:(projects/[^/]+/subscriptions/[^/]+)")
@@ -242,25 +240,13 @@ class StreamingConfig:
         stem, suffix = os.path.splitext(RUN_COUNTS)
         return storage.join(self.job.dead_letter, f"{stem}-{self.stream_key()}{suffix}")
 
+    @property
+    def coarsening(self) -> Coarsening:
+        return self.job.coarsening
+
     def deadline_ms(self, window_start_ms: int) -> int:
         """When a window is published: the watermark past its end plus the allowed lateness."""
         return window_start_ms + self.window_ms + self.allowed_lateness_ms
-
-
-def by_window(
-    batch: HashedBatch, origin_ms: int, window_ms: int, coarsening: Coarsening = Coarsening()
-) -> Iterator[tuple[int, HashedBatch]]:
-    """(window start in ms, the batch's requests in that window) for each window present, oldest
-    first. Windows are cut from the trace's zero (origin_ms): window k holds the requests
-    published (coarsened from the zero) in [origin + k W, origin + (k + 1) W), so every time the
-    stream publishes is whole windows from the zero, and a window holds whole granules: cut on
-    raw times, one published time would be split across two windows and written in its raw
-    order. Windows on epoch multiples of W would publish the zero's own epoch modulo W (the
-    first request's minute, second and millisecond within the hour, with hour windows)."""
-    published = published_requests(batch, origin_ms, coarsening).requests["timestamp_ms"]
-    starts = origin_ms + (published - origin_ms) // window_ms * window_ms
-    for start in np.unique(starts).tolist():
-        yield start, batch.select(starts == start)
 
 
 def late_letters(source: str, batch: HashedBatch, published: str) -> list[DeadLetter]:
@@ -275,189 +261,6 @@ def late_letters(source: str, batch: HashedBatch, published: str) -> list[DeadLe
 def source_now_ms() -> int:
     """The source's clock here: Kafka's CreateTime and Pub/Sub's publish time are wall clocks."""
     return int(time.time() * 1000)
-
-
-@dataclasses.dataclass
-class Progress:
-    """What the stream has published so far (keyed state). The controller keeps its windows,
-    zero and clock; the writer keeps a copy whose counts (next ids, rows, rejected) it alone
-    moves, the rest copied from each plan's Published."""
-
-    next_id: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(KINDS, 0))
-    # The trace's zero, which windows are cut from: the earliest request so far until a window
-    # is published, then the earliest plausible one of the first published window, fixed.
-    origin_ms: int | None = None
-    published_ms: int | None = None  # start of the last published window
-    # The stream's input so far, as the batch job's plausibility rule reads it (requests per
-    # day), and its latest kept request: published windows', then each open window's per day
-    # (requests, latest ms). Event time is the requests' own; the source's clock (when records
-    # were produced, the watermark's) only says when everything before an instant has come in.
-    published_days: dict[int, int] = dataclasses.field(default_factory=dict)
-    published_latest_ms: int | None = None
-    open_days: dict[int, dict[int, tuple[int, int]]] = dataclasses.field(default_factory=dict)
-    arrived_ms: int = 0  # when (source's clock) the last batch came in
-    # Open windows -> when (source's clock) a request past their deadline came in, None before.
-    passed_ms: dict[int, int | None] = dataclasses.field(default_factory=dict)
-    letters_due: float | None = None  # when pending dead letters go out on their own (s)
-    letter_batches: int = 0
-    handed: int = 0  # plans handed to the writer (WriteWindows), which keeps the counts below
-    windows: int = 0
-    rows: int = 0
-    rejected: int = 0  # the operator's count (RUN_COUNTS), never published
-
-    def hold(self, window: int, timestamps: np.ndarray) -> None:
-        """Requests (their times) waiting in an open window."""
-        days = self.open_days.setdefault(window, {})
-        for day in np.unique(timestamps // DAY_MS).tolist():
-            on_day = timestamps[timestamps // DAY_MS == day]
-            held, latest = days.get(day, (0, int(on_day.max())))
-            days[day] = (held + len(on_day), max(latest, int(on_day.max())))
-
-    def bulk_days(self) -> tuple[int, int]:
-        """The bulk's (first, last) day of the stream's input so far (plausible_days)."""
-        waiting = [
-            {day: held for day, (held, _) in days.items()} for days in self.open_days.values()
-        ]
-        return plausible_days(sum_kind_counts([self.published_days] + waiting))
-
-    def witnessed(self) -> bool:
-        """The zero (and its kind of time) may be fixed: a window is published, or a second
-        request stands in the bulk beside the first (within the batch rule's gap), so one
-        stray clock's request, alone and first in a quiet stream, is never the zero."""
-        first, last = self.bulk_days()
-        held = sum(
-            count
-            for days in self.open_days.values()
-            for day, (count, _) in days.items()
-            if first <= day <= last
-        )
-        return self.published_ms is not None or held > 1
-
-    def clocks(self, config: StreamingConfig) -> tuple[int | None, dict[int, int]]:
-        """The stream's clock, and each open window's off it. The stream's clock is its latest
-        request within the bulk of its input so far (the batch job's rule, plausible_days), so
-        a clock reset, a dead letter once judged, never moves it; and it moves only through
-        windows contiguous with what it published (or, before that, with its first window): no
-        gap over a window and the allowed lateness, which requests produced in order leave
-        none of. A window beyond such a gap (a producer logging local time, hours ahead; the
-        stream resumed after a quiet) or outside the bulk (after a quiet of over a week) runs
-        on its own run's clock: the latest request of the windows no such gap splits from it,
-        so it is due, published or lettered, from its own requests, never the bulk's clock."""
-        first, last = self.bulk_days()
-        gap = config.window_ms + config.allowed_lateness_ms
-        clock, chained = self.published_latest_ms, True
-        runs: list[tuple[list[int], int]] = []  # (windows, latest request) off the clock
-        for window, days in sorted(self.open_days.items()):
-            latest = max(ms for _, ms in days.values())
-            if any(first <= day <= last for day in days) and chained:
-                if clock is None or window - clock <= gap:
-                    clock = latest if clock is None else max(clock, latest)
-                    continue
-                chained = False
-            if runs and window - runs[-1][1] <= gap:
-                runs[-1] = (runs[-1][0] + [window], max(runs[-1][1], latest))
-            else:
-                runs.append(([window], latest))
-        return clock, {window: latest for windows, latest in runs for window in windows}
-
-    def latest_ms(self, config: StreamingConfig) -> int | None:
-        """The stream's clock (clocks)."""
-        return self.clocks(config)[0]
-
-    def saw(
-        self, config: StreamingConfig, window: int, timestamps: np.ndarray | int, now_ms: int
-    ) -> None:
-        """Requests of window (their times) came in at now_ms (source's clock): the windows
-        whose deadline the stream's clock passes are due once everything before now_ms has come
-        in."""
-        self.passed_ms.setdefault(window, None)
-        self.hold(window, np.atleast_1d(np.asarray(timestamps, np.int64)))
-        self.arrived_ms = max(self.arrived_ms, now_ms)
-        self.clock_moved(config, now_ms)
-
-    def clock_moved(self, config: StreamingConfig, now_ms: int) -> None:
-        """The open windows' deadlines against the stream's clock: passed from now_ms on, or no
-        longer passed when the clock went back (the bulk moved off a stray clock's days)."""
-        clock, own = self.clocks(config)
-        for window, passed in self.passed_ms.items():
-            latest = own.get(window, clock)
-            if latest is None or config.deadline_ms(window) > latest:
-                self.passed_ms[window] = None
-            elif passed is None:
-                self.passed_ms[window] = now_ms
-
-    def due_ms(
-        self, config: StreamingConfig, window: int, latest_ms: int | None, witnessed: bool
-    ) -> int:
-        """When (source's watermark) an open window is published: once every record produced
-        before a request past its deadline came in; or, with none, once the source has been
-        idle for config.idle_ms past the time the requests' clock (latest_ms), run on at the
-        source's pace, would pass the deadline (a live stream's last window closes at its
-        deadline, a backfill's a moment after its last request: neither by the wall clock).
-        Until the zero is witnessed, the first window waits MAX_GAP_DAYS more of the source's
-        clock: a witness produced later would be beyond the batch rule's gap; the final
-        watermark (a backfill's end, a drain) publishes it whatever."""
-        to_deadline = max(config.deadline_ms(window) - (latest_ms or 0), 0)
-        idle = self.arrived_ms + to_deadline + config.idle_ms
-        passed = self.passed_ms[window]
-        due = idle if passed is None else min(passed, idle)
-        return due if witnessed else due + MAX_GAP_DAYS * DAY_MS
-
-    def due(self, config: StreamingConfig, watermark_ms: int) -> list[int]:
-        """The open windows due at watermark_ms, oldest first, with every older open window:
-        windows go out in time order, so once one is published an older one's requests are
-        late (and said so), never a window of their own after it."""
-        due = [w for w, due_ms in self.deadlines(config).items() if due_ms <= watermark_ms]
-        return sorted(w for w in self.passed_ms if due and w <= max(due))
-
-    def deadlines(self, config: StreamingConfig) -> dict[int, int]:
-        """Each open window's due time (source's watermark), a timer each: a watermark past
-        several fires them all in one advance, none waiting for an earlier one's firing to
-        set it (a round trip through the runner per window: 1.5 s apart on Flink). A window
-        off the stream's clock runs on its own run's (clocks)."""
-        (latest, own), witnessed = self.clocks(config), self.witnessed()
-        return {w: self.due_ms(config, w, own.get(w, latest), witnessed) for w in self.passed_ms}
-
-    def recut(
-        self, config: StreamingConfig, origin_ms: int, waiting: list[tuple[int, HashedBatch]]
-    ) -> list[tuple[int, HashedBatch]]:
-        """Before any window is published, the zero moved to origin_ms (an earlier request came
-        in, or the earliest was a stray clock's): the waiting requests cut again from it. When a
-        request past a new window's deadline came in is known no closer than the latest arrival:
-        the window waits for everything produced before that."""
-        self.origin_ms = origin_ms
-        cut = [
-            part
-            for _, batch in waiting
-            for part in by_window(batch, origin_ms, config.window_ms, config.job.coarsening)
-        ]
-        self.passed_ms = {}
-        self.rehold(config, cut)
-        return cut
-
-    def rehold(self, config: StreamingConfig, waiting: list[tuple[int, HashedBatch]]) -> None:
-        """The open windows are those waiting (cut again, or judged: a stray's days no longer
-        count); their deadlines judged again, as passed at the latest arrival when passed."""
-        self.open_days = {}
-        for window, batch in waiting:
-            self.passed_ms.setdefault(window, None)
-            self.hold(window, batch.requests["timestamp_ms"])
-        for window in [w for w in self.passed_ms if w not in self.open_days]:
-            del self.passed_ms[window]
-        self.clock_moved(config, self.arrived_ms)
-
-    def publish(self, window: int) -> str:
-        """The folder of an open window published now: named by the windows published before
-        it, so a restart restoring this state names it again the same."""
-        del self.passed_ms[window]
-        for day, (held, latest) in self.open_days.pop(window, {}).items():
-            self.published_days[day] = self.published_days.get(day, 0) + held
-            self.published_latest_ms = max(latest, self.published_latest_ms or latest)
-        self.published_ms, self.windows = window, self.windows + 1
-        return window_name(self.windows - 1)
-
-    def last_published(self) -> str:
-        return window_name(self.windows - 1)
 
 
 class PublishWindows(beam.DoFn):
@@ -500,11 +303,17 @@ class PublishWindows(beam.DoFn):
         progress_state.write(progress)
 
     def _arm(self, progress: Progress, deadline: Any) -> None:
-        """A timer per open window at its due time (tagged by the window). A timer left by a
-        window cut again from a moved zero fires harmlessly: a firing publishes what is due
-        then, whichever timer it was."""
-        for window, due_ms in progress.deadlines(self._config).items():
-            deadline.set(Timestamp(micros=due_ms * 1000), dynamic_timer_tag=str(window))
+        """A timer per window that needs one (Progress.timers), tagged by the window; only those
+        whose time changed set again, those no longer needed cleared: a message costs a few
+        timer sets, whatever the stream holds open. A timer left by a window cut again from a
+        moved zero fires harmlessly: a firing publishes what is due then."""
+        wanted = progress.timers(self._config)
+        for window, due_ms in wanted.items():
+            if progress.armed.get(window) != due_ms:
+                deadline.set(Timestamp(micros=due_ms * 1000), dynamic_timer_tag=str(window))
+        for window in progress.armed.keys() - wanted.keys():
+            deadline.clear(dynamic_timer_tag=str(window))
+        progress.armed = wanted
 
     @staticmethod
     def _hold_letters(
@@ -526,10 +335,14 @@ class PublishWindows(beam.DoFn):
         """The batch's requests pending in their windows; a dead letter for each whose window
         is already published, or whose time is of another kind than the stream's zero."""
         strays: list[DeadLetter] = []
-        if progress.published_ms is not None:  # the zero is fixed: its kind is the stream's
-            batch, strays = keep_kind(batch, timestamp_kind(progress.origin_ms))
-            if batch is None:
+        if progress.published_ms is not None:  # anchored: judged now, nothing held for it
+            # What waits lies in the published rows' run (judged as it came): one anchor.
+            anchor = sum_kind_counts([progress.published_days, progress.waiting_days()])
+            kept, strays = keep_plausible_windows([(0, batch)], anchor)
+            progress.far += len(strays)
+            if not kept:
                 return strays
+            batch = kept[0][1]
         earliest = int(batch.requests["timestamp_ms"].min())
         if progress.published_ms is None and (
             progress.origin_ms is None or earliest < progress.origin_ms
@@ -565,11 +378,15 @@ class PublishWindows(beam.DoFn):
         letters_due=beam.DoFn.TimerParam(LETTERS),
     ) -> Iterator[Any]:
         progress = progress_state.read() or Progress()
-        open_before = set(progress.passed_ms)
-        yield from self._publish_due(fired.micros // 1000, progress, pending)
-        # Published (or cut again from a moved zero): its timer is moot.
-        for window in open_before - set(progress.passed_ms):
-            deadline.clear(dynamic_timer_tag=str(window))
+        fired_ms = fired.micros // 1000
+        yield from self._publish_due(fired_ms, progress, pending)
+        # The timers at or before this one have fired, or fire in this advance: armed again if
+        # still needed; those of windows gone (published, cut again) cleared.
+        progress.armed = {
+            w: due
+            for w, due in progress.armed.items()
+            if due > fired_ms or w not in progress.passed_ms
+        }
         self._arm(progress, deadline)
         if any(window is None for window, _ in pending.read()):  # strays with no window due
             self._letters_soon(progress, letters_due)
@@ -584,28 +401,37 @@ class PublishWindows(beam.DoFn):
     ) -> Iterator[Any]:
         """The stream ended: every open window published, then every letter left."""
         progress = progress_state.read() or Progress()
-        yield from self._publish_due(fired.micros // 1000, progress, pending)
+        yield from self._publish_due(fired.micros // 1000, progress, pending, everything=True)
         yield from self._flush_letters(progress, pending)
         progress_state.write(progress)
 
-    def _publish_due(self, watermark_ms: int, progress: Progress, pending: Any) -> Iterator[Any]:
-        """The windows due at watermark_ms published, oldest first, the letters waiting with the
-        first; the rest left pending."""
+    def _publish_due(
+        self, watermark_ms: int, progress: Progress, pending: Any, everything: bool = False
+    ) -> Iterator[Any]:
+        """The windows due at watermark_ms (everything: the stream ended) published, oldest
+        first, the letters waiting with the first; the rest left pending. What waits is judged
+        first against the rows published (the anchor; before any, the run of the window due,
+        which fixes the zero): a request that would open a gap over MAX_GAP_DAYS from them is
+        a dead letter, never outvoting them."""
         config = self._config
         items = list(pending.read())
-        pending.clear()
         letters = [item for window, item in items if window is None]
         waiting = [(window, item) for window, item in items if window is not None]
-        # Judged with everything the stream published: a stray clock's window is dead letters,
-        # never the stream's origin nor a window of its own, even when it waits alone.
-        waiting, strays = keep_plausible_windows(waiting, progress.published_days)
+        anchor = progress.published_days
+        if progress.published_ms is None:
+            anchor = progress.first_anchor(config, watermark_ms, everything)
+            if not anchor:
+                return
+        pending.clear()
+        waiting, strays = keep_plausible_windows(waiting, anchor)
+        progress.far += len(strays)
         letters += strays
         if progress.published_ms is None and waiting:  # the first window fixes the zero
             earliest = min(int(batch.requests["timestamp_ms"].min()) for _, batch in waiting)
             if earliest != progress.origin_ms:
                 waiting = progress.recut(config, earliest, waiting)
-        progress.rehold(config, waiting)  # the strays' days no longer count
-        due = progress.due(config, watermark_ms)
+        progress.rehold(config, waiting)  # the letters' days no longer count
+        due = progress.due(config, watermark_ms, everything)
         for window in due:
             batches = [item for w, item in waiting if w == window]
             yield from self._publish(progress.publish(window), batches, letters, progress)
@@ -633,10 +459,26 @@ class PublishWindows(beam.DoFn):
                 if entry[0] is not None:
                     pending.add(entry)
             progress.letter_batches += 1
+            self._warn_far(progress)
             yield self._hand(
                 progress, LettersPlan(f"letters-{progress.letter_batches:06d}", letters)
             )
         progress.letters_due = None
+
+    @staticmethod
+    def _warn_far(progress: Progress) -> None:
+        """One line per window (or letters run) while requests off the stream's run of days
+        come: how many, and the remedy."""
+        if progress.far:
+            logging.warning(
+                "%d requests lie more than %d days from the rows the stream published (or are "
+                "of the other kind of time): dead letters (%s); a producer whose clock moved "
+                "for good needs a stream of its own (a new --output)",
+                progress.far,
+                MAX_GAP_DAYS,
+                IMPLAUSIBLE_TIMESTAMP,
+            )
+            progress.far = 0
 
     @staticmethod
     def _hand(progress: Progress, plan: WindowPlan | LettersPlan) -> tuple[int, tuple]:
@@ -652,6 +494,7 @@ class PublishWindows(beam.DoFn):
         """One window as a night of the batch job, up to its numbering: its requests judged
         (night_requests, writing nothing), its keys sent to the shard steps (SEEN, QUERY), and
         the rest handed to the writer (WindowPlan), which writes it once its ids are back."""
+        self._warn_far(progress)
         # The rejected-fraction gate is the batch job's: a stream does not stop for one window.
         judged = dataclasses.replace(self._config.job, inputs=(), max_rejected_fraction=None)
         read = sum(len(b) for b in batches) + len(letters)
@@ -790,18 +633,79 @@ class WriteWindows(beam.DoFn):
                 answers.add((window, answer))
         progress = progress_state.read() or Progress()
         for plan, published in taken:
-            progress.windows, progress.published_ms, progress.origin_ms = published
-            if isinstance(plan, WindowPlan):
-                own = [answer for window, answer in answered if window == plan.window]
-                yield self._write(plan, window_ids(plan, own), progress)
-            else:
+            # What cumulative.json says of the windows: the controller's, while the writer
+            # publishes them; after a window it could not, only the windows before it.
+            before = (progress.windows, progress.published_ms, progress.origin_ms)
+            if progress.failed is None:
+                progress.windows, progress.published_ms, progress.origin_ms = published
+            if not isinstance(plan, WindowPlan):
                 progress.rejected += len(plan.letters)
                 write_cumulative(self._config, progress, (plan.name, plan.letters))
+                continue
+            if progress.failed is None:
+                own = [answer for window, answer in answered if window == plan.window]
+                manifest = self._write(plan, window_ids(plan, own), progress)
+                if manifest is not None:
+                    yield manifest
+                    continue
+                progress.windows, progress.published_ms, progress.origin_ms = before
+            self._unpublished(plan, progress)
         progress_state.write(progress)
 
-    def _write(self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress) -> dict:
-        """One window as a night of the batch job, its ids continuing the stream's. Whole in one
-        attempt: a retried or restored one starts again from nothing."""
+    def _unpublished(self, plan: WindowPlan, progress: Progress) -> None:
+        """A window not published (the writer failed on it or on one before it: no later window
+        may follow a missing one) is dead letters, counted: its records' letters as they were,
+        its requests' (text-free: their times from the zero and lengths) with the cause."""
+        requests = plan.requests.whole.requests
+        lost = [
+            DeadLetter(
+                shown_name(self._config.source),
+                json.dumps(
+                    {
+                        key: int(row[key])
+                        for key in ("timestamp_ms", "input_length", "output_length")
+                    }
+                ).encode(),
+                UNPUBLISHED_WINDOW,
+                f"{plan.name} was not published: {progress.failed}",
+            )
+            for row in requests
+        ]
+        progress.rejected += plan.read
+        letters = plan.requests.held + lost
+        write_cumulative(self._config, progress, (f"unpublished-{plan.name}", letters))
+
+    def _write(
+        self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress
+    ) -> dict | None:
+        """One window as a night of the batch job, its ids continuing the stream's, its
+        manifest; None when it could not be published. Whole in one attempt: a retried or
+        restored one starts again from nothing."""
+        try:
+            manifest = self._publish_window(plan, numbered, progress)
+        except (JobStopped, OutputRefused, OSError) as err:
+            # Anything the writer cannot publish (a folder at the window's name, a full disk):
+            # the window and every later one are letters (_unpublished), and the stream
+            # drains, then stops with this line (stream_drain.fail), never losing what it read.
+            progress.failed = f"{type(err).__name__}: {JobStopped.message_in(err) or err}"
+            progress.failed = progress.failed.splitlines()[0]
+            logging.error("%s was not published, the stream stops: %s", plan.name, progress.failed)
+            fail(err)
+            return None
+        for kind, ids in numbered.items():
+            progress.next_id[kind] += ids.added_count
+        exported = manifest["records"]["exported"]
+        progress.rows += exported
+        self._windows.inc()
+        self._rows.inc(exported)
+        progress.rejected += plan.read - exported  # each exported or a letter
+        write_cumulative(self._config, progress)
+        return manifest
+
+    def _publish_window(
+        self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress
+    ) -> dict:
+        """The window's folder and letters published, whole, or nothing of them."""
         job = self._config.job
         output = storage.join(job.output, plan.name)
         claim_window(job.output, plan.name)
@@ -833,14 +737,6 @@ class WriteWindows(beam.DoFn):
             published = True
         finally:
             rejected.settle(published)  # with the window, or gone with the attempt
-        for kind, ids in numbered.items():
-            progress.next_id[kind] += ids.added_count
-        exported = manifest["records"]["exported"]
-        progress.rows += exported
-        self._windows.inc()
-        self._rows.inc(exported)
-        progress.rejected += plan.read - exported  # each exported or a letter
-        write_cumulative(self._config, progress)
         return manifest
 
 
@@ -989,6 +885,8 @@ def run_streaming(config: StreamingConfig, flags: list[str]) -> Stopped | None:
         run(
             lambda pipeline: build(pipeline | "Read" >> read_source(config.source), config), options
         )
+    if drain is not None and drain.failure is not None:
+        raise drain.failure  # drained: every record read is published or a letter, counted
     if drain is None or drain.signum is None:
         return None
     windows = published_windows(config) - drain.published_at_stop

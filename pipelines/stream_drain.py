@@ -34,6 +34,17 @@ DRAIN_S = 60.0
 PAUSE_S = 0.5  # between pulls that found nothing
 # Set by a stop: the local Pub/Sub read ends at its next bundle (one stream per process).
 DRAINING = threading.Event()
+# What stopped the stream from within (a window its writer could not publish, fail()).
+_FAILURES: list[BaseException] = []
+
+
+def fail(error: BaseException) -> None:
+    """The stream cannot go on publishing (its writer, in this process on the local runner):
+    it drains as on a stop, its windows left and letters published as letters, then ends
+    with error (Drain.failure). Elsewhere the writer letters every later window."""
+    if not _FAILURES:
+        _FAILURES.append(error)
+    DRAINING.set()
 
 
 class DrainingPubSubRead(_PubSubReadEvaluator):
@@ -88,6 +99,11 @@ class Drain:
         self._wakeup_fd = -1
         self._timer: threading.Timer | None = None
 
+    @property
+    def failure(self) -> BaseException | None:
+        """What stopped the stream from within (fail), if anything: raised once it drained."""
+        return _FAILURES[0] if _FAILURES else None
+
     def _stop(self, signum: int, frame: Any) -> None:
         if self.signum is None:
             self.signum = signum
@@ -126,6 +142,7 @@ def drained_on_stop(published: Callable[[], int]) -> Iterator[Drain]:
     published so far, read at the stop."""
     drain = Drain(published)
     DRAINING.clear()
+    _FAILURES.clear()
     if threading.current_thread() is not threading.main_thread():
         yield drain
         return

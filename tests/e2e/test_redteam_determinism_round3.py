@@ -325,7 +325,10 @@ def test_letters_after_the_last_window_are_not_lost_when_the_stream_ends(
     stream = (
         TestStream()
         .add_elements([json.dumps(_stream_chat(zero + 10_000 * i, i)).encode() for i in range(3)])
-        .advance_watermark_to(now + 1_000)  # idle: window 0 published
+        # Past window 0's deadline, in order: window 0 published (round 24: idle time alone
+        # never fixes a stream's zero).
+        .add_elements([json.dumps(_stream_chat(zero + 70_000, 3)).encode()])
+        .advance_watermark_to(now + 1_000)
         .add_elements([json.dumps(_stream_chat(zero + 5_000, 9)).encode(), b"not json"])
         .advance_watermark_to_infinity()
     )
@@ -342,4 +345,4 @@ def test_letters_after_the_last_window_are_not_lost_when_the_stream_ends(
     from helpers import stream_counts
 
     counts = stream_counts(tmp_path / "stream-rejected")  # the operator's, not published
-    assert (cumulative["rows"], counts["rejected"], len(letters)) == (3, 2, 2), (cumulative, counts)
+    assert (cumulative["rows"], counts["rejected"], len(letters)) == (4, 2, 2), (cumulative, counts)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pickle
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,12 +37,11 @@ from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.timestamp_kinds import (
     TIMESTAMP_KIND_MISMATCH,
     keep_input_kind,
-    keep_kind,
     keep_plausible_windows,
     kind_counts,
 )
 from kvtrace.transforms.errors import ConfigError
-from kvtrace.transforms.read.timestamps import timestamp_kind
+from kvtrace.transforms.read.timestamps import MAX_GAP_DAYS, day_runs
 from kvtrace.transforms.trace_format import window_name
 from kvtrace.transforms.write.coarsen import Coarsening, round_to
 
@@ -139,93 +140,39 @@ DAY = 86_400_000
 RESET = 365 * DAY  # a clock gone a year ahead
 
 
-@pytest.mark.beam
-def test_a_clock_reset_never_moves_the_streams_clock(tmp_path):
-    """The stream's clock is its latest request within the bulk of its input so far (the batch
-    job's rule): a reset passes no open window's deadline, even while it is the bulk (a tie,
-    the latest day wins): a window off the bulk runs on its own run's clock."""
-    from kvtrace.pipelines.anonymize_streaming import Progress
-
-    config = streaming_config(tmp_path, "x")
-    progress = Progress()
-    progress.saw(config, 0, [10_000], NOW)
-    progress.saw(config, RESET, [RESET + 1], NOW + 1)  # one against one: the reset is the bulk
-    assert (progress.latest_ms(config), progress.passed_ms[0]) == (RESET + 1, None)
-    progress.saw(config, 0, [20_000], NOW + 2)  # the bulk is the real requests again
-    assert (progress.latest_ms(config), progress.passed_ms) == (20_000, {0: None, RESET: None})
-    progress.saw(config, MINUTE, [70_000], NOW + 3)  # a real request passes window 0's deadline
-    assert progress.passed_ms[0] == NOW + 3 and progress.due(config, NOW + 3) == [0]
-
-
-@pytest.mark.beam
-def test_requests_beyond_a_gap_move_the_clock_only_once_it_fills(tmp_path):
-    """Requests more than a window and the allowed lateness ahead of the rest (a producer's
-    clock hours off, within the bulk's days), however many, pass no deadline of the bulk until
-    windows fill the gap; they run on their own run's clock meanwhile, so their own window is
-    passed by their own later requests (a stream resumed after a quiet)."""
-    from kvtrace.pipelines.anonymize_streaming import Progress
-
-    config = streaming_config(tmp_path, "x")
-    ahead = 3 * MINUTE
-    progress = Progress()
-    progress.saw(config, 0, [10_000, 20_000], NOW)
-    progress.saw(config, ahead, [ahead + 1, ahead + 2], NOW + 1)
-    assert (progress.latest_ms(config), progress.passed_ms) == (20_000, {0: None, ahead: None})
-    progress.saw(config, MINUTE, [70_000], NOW + 2)  # the gap narrows: 110 s still
-    assert progress.latest_ms(config) == 70_000 and progress.passed_ms[ahead] is None
-    progress.saw(config, 2 * MINUTE, [130_000], NOW + 3)  # filled: the clock runs through
-    assert progress.latest_ms(config) == ahead + 2
-    assert progress.passed_ms == {0: NOW + 2, MINUTE: NOW + 3, 2 * MINUTE: NOW + 3, ahead: None}
-    resumed = Progress()
-    resumed.saw(config, 0, [10_000, 20_000], NOW)
-    resumed.saw(config, ahead, [ahead + 1], NOW + 1)
-    resumed.saw(config, ahead + MINUTE, [ahead + MINUTE + 1], NOW + 2)  # past its own deadline
-    assert resumed.latest_ms(config) == 20_000 and resumed.passed_ms[ahead] == NOW + 2
-    assert resumed.due(config, NOW + 2) == [0, ahead]
-    near = Progress()
-    near.saw(config, 0, [10_000], NOW)
-    near.saw(config, MINUTE, [MINUTE + 1], NOW + 1)  # within a window of the clock: moves it
-    assert near.latest_ms(config) == MINUTE + 1 and near.passed_ms[0] == NOW + 1
-
-
-@pytest.mark.beam
-def test_a_reset_arriving_alone_is_judged_with_what_the_stream_published(tmp_path):
-    """Once windows are published, a reset waiting alone is no window of its own: it is judged
-    with the published requests' days, and neither moves the clock nor is kept."""
-    from kvtrace.pipelines.anonymize_streaming import Progress
-
-    config = streaming_config(tmp_path, "x")
-    progress = Progress()
-    progress.saw(config, 0, [0, 10_000, 20_000], NOW)
-    progress.publish(0)
-    progress.saw(config, RESET, [RESET + 1], NOW + 1)
-    assert progress.latest_ms(config) == 20_000
-    kept, strays = keep_plausible_windows(
-        [(RESET, requests_at(RESET + 1))], progress.published_days
-    )
-    assert kept == [] and [letter.reason for letter in strays] == ["implausible_timestamp"]
-
-
 @settings(max_examples=100, deadline=None)
 @given(
-    st.lists(st.sampled_from([0, DAY, 2 * DAY, 9 * DAY, RESET]), min_size=1, max_size=20),
+    st.lists(st.sampled_from([0, DAY, 2 * DAY, 9 * DAY, 17 * DAY, RESET]), min_size=1, max_size=20),
     st.integers(0, 20),
 )
-def test_a_stream_judges_plausibility_as_the_batch_job_does(days, split):
-    """However the stream's input splits between what it published and what waits, a waiting
-    request is kept exactly when the batch job, judging the whole input, keeps it."""
+def test_a_stream_publishes_no_gap_its_audit_refuses(days, split):
+    """However the stream's input splits between what it published (a run of days, as the rule
+    lets out) and what waits: with nothing published a waiting request is kept exactly when the
+    batch job, judging the whole input, keeps it; after, the published rows and the kept lie in
+    one run, no gap over MAX_GAP_DAYS (the audit's _check_stream_gap), and a request in that run
+    is never a letter."""
     timestamps = [day + n for n, day in enumerate(days)]
     published, waiting = timestamps[:split], timestamps[split:]
-    whole = requests_at(*timestamps)
-    batch_kept, _ = keep_input_kind(whole, kind_counts(whole))
-    batch_times = [] if batch_kept is None else batch_kept.requests["timestamp_ms"].tolist()
+    if published:  # as the stream publishes them: one run of days
+        _, first, last = day_runs(kind_counts(requests_at(*published)))[0]
+        published = [t for t in published if first <= t // DAY <= last]
     stream_kept, strays = keep_plausible_windows(
         [(0, requests_at(*waiting))] if waiting else [],
         kind_counts(requests_at(*published)) if published else {},
     )
     kept_times = [t for _, part in stream_kept for t in part.requests["timestamp_ms"].tolist()]
-    assert kept_times == [t for t in waiting if t in batch_times]
     assert len(kept_times) + len(strays) == len(waiting)
+    if not published:
+        whole = requests_at(*timestamps)
+        batch_kept, _ = keep_input_kind(whole, kind_counts(whole))
+        batch_times = [] if batch_kept is None else batch_kept.requests["timestamp_ms"].tolist()
+        assert kept_times == [t for t in waiting if t in batch_times]
+        return
+    rows = sorted(published + kept_times)
+    assert all(b // DAY - a // DAY <= MAX_GAP_DAYS for a, b in zip(rows, rows[1:]))
+    runs = day_runs(kind_counts(requests_at(*(published + waiting))))
+    (_, first, last) = next(r for r in runs if r[1] <= published[0] // DAY <= r[2])
+    assert kept_times == [t for t in waiting if first <= t // DAY <= last]
 
 
 HOSTILE = [
@@ -269,10 +216,13 @@ def windows_published(
     arrival by the source's clock) came in in that order."""
     from kvtrace.pipelines.anonymize_streaming import Progress
 
-    progress = Progress()
+    progress, published = Progress(), []
     for event_ms, arrival_ms in arrivals:
         progress.saw(config, event_ms // config.window_ms * config.window_ms, event_ms, arrival_ms)
-    return progress.due(config, watermark_ms)
+    # As the timers fire: what a published window anchors may be due at the same watermark.
+    while due := progress.due(config, watermark_ms):
+        published += [progress.publish(window) and window for window in due]
+    return published
 
 
 NOW = 1_800_000_000_000  # the source's clock: long after the requests' own times
@@ -314,7 +264,7 @@ def test_in_order_requests_are_never_late(tmp_path_factory, times, produced_ms, 
         progress.saw(config, window, event_ms, produced_ms + n)
         for due in progress.due(config, produced_ms + n):  # all before this one came in
             assert due < window  # every later request (in order) is in this window or after
-            del progress.passed_ms[due]
+            progress.publish(due)
 
 
 @pytest.mark.beam
@@ -339,13 +289,19 @@ def test_no_window_is_due_before_an_older_open_one(arrivals, watermark):
 
 def test_once_the_zero_is_fixed_a_request_of_another_kind_is_a_dead_letter():
     """The stream's zero fixes its kind of time: counted from it, another kind's time would be
-    published as a wall-clock date (or a negative one); the batch job's letter says why."""
+    published as a wall-clock date (or a negative one); judged against the published rows
+    (the anchor) it lies years from them, and the batch job's letter says why."""
     relative, epoch = 1_000, 1_767_225_600_000
-    kept, letters = keep_kind(requests_at(relative, epoch, relative + 5), timestamp_kind(relative))
-    assert kept.requests["timestamp_ms"].tolist() == [relative, relative + 5]
+    anchor = kind_counts(requests_at(relative))
+    kept, letters = keep_plausible_windows(
+        [(0, requests_at(relative, epoch, relative + 5))], anchor
+    )
+    assert kept[0][1].requests["timestamp_ms"].tolist() == [relative, relative + 5]
     assert [letter.reason for letter in letters] == [TIMESTAMP_KIND_MISMATCH]
-    kept, letters = keep_kind(requests_at(relative), timestamp_kind(epoch))
-    assert kept is None and len(letters) == 1
+    kept, letters = keep_plausible_windows(
+        [(0, requests_at(relative))], kind_counts(requests_at(epoch))
+    )
+    assert kept == [] and len(letters) == 1
 
 
 @pytest.mark.beam
@@ -547,16 +503,19 @@ def test_a_new_stream_of_an_output_is_refused_its_earlier_streams_run_counts(tmp
 
 @pytest.mark.beam
 @pytest.mark.slow  # a streaming pipeline: ~5 s
-def test_a_window_that_fails_to_publish_publishes_none_of_its_letters(
+def test_a_window_that_fails_to_publish_is_letters_nothing_staged_left(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
     """Letters stand only for a published window: a folder the window may not replace (a file
-    kvtrace did not write) stops it, and its letters go with it, nothing staged left."""
+    kvtrace did not write) stops it, nothing of it staged left and the folder untouched; its
+    records are letters of their own run (`unpublished_window` for its requests, the cause
+    said), counted, and the stream is told to stop with the writer's error."""
     from apache_beam.testing.test_stream import TestStream
 
-    from kvtrace.pipelines import anonymize_streaming
+    from kvtrace.pipelines import anonymize_streaming, stream_drain
 
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    monkeypatch.setattr(stream_drain, "_FAILURES", [])
     # The letter waits for its window, however slow the machine: it never goes out alone here.
     monkeypatch.setattr(anonymize_streaming, "LETTER_DELAY_S", 3600)
     config = streaming_config(tmp_path, tiny_tokenizer)
@@ -566,11 +525,17 @@ def test_a_window_that_fails_to_publish_publishes_none_of_its_letters(
     blocked.mkdir()
     (blocked / "notes.txt").write_text("not kvtrace's")
     stream = TestStream().add_elements([b"not json", message(stream_chat(5_000, 1))])
-    with pytest.raises(Exception, match="kvtrace did not write"):
-        run_stream(config, stream.advance_watermark_to_infinity())
-    letters = Path(config.job.dead_letter)  # the run made it: gone again with nothing in it
-    assert not letters.exists() or list(letters.iterdir()) == []
+    run_stream(config, stream.advance_watermark_to_infinity())
+    assert "kvtrace did not write" in str(stream_drain._FAILURES[0])
     assert sorted(p.name for p in blocked.iterdir()) == ["notes.txt"]
+    rejected = Path(config.job.dead_letter)
+    assert sorted(p.name for p in rejected.iterdir() if not p.name.startswith("run-counts")) == [
+        f"rejected-{config.stream_key()}-unpublished-window-000000.jsonl"
+    ]
+    assert sorted(letter["error"] for letter in letters(rejected)) == [
+        "invalid_json",
+        anonymize_streaming.UNPUBLISHED_WINDOW,
+    ]
 
 
 class FakeBag:
@@ -679,19 +644,73 @@ def test_the_writer_writes_plans_in_order_each_window_once_its_ids_are_back():
     assert ready == [0, 1, 2] and book == Book(3, {}, {})
 
 
-@pytest.mark.beam  # PublishWindows: Beam in this process
-def test_the_first_window_waits_for_a_witness_a_bounded_time(tmp_path):
-    """One request alone fixes no zero: its window is due MAX_GAP_DAYS of the source's clock
-    later than it would be; a second request in the bulk makes it due as before."""
-    from helpers import streaming_config
-    from kvtrace.pipelines.anonymize_streaming import Progress
-    from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
+@pytest.mark.beam
+@pytest.mark.slow  # a streaming pipeline: ~5 s
+def test_a_window_the_writer_cannot_publish_is_letters_and_so_is_every_later_one(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """A folder at the stream's next window's name: that window and every later one (a window
+    may not follow a missing one) are counted letters with the cause, none published, the
+    counts adding up; the stream is told to drain and stop with the writer's error."""
+    from apache_beam.testing.test_stream import TestStream
 
-    config = streaming_config(tmp_path, "x")
-    alone = Progress()
-    alone.saw(config, 0, 1_000, NOW)
-    waiting = alone.deadlines(config)[0]
-    witnessed = Progress()
-    witnessed.saw(config, 0, [1_000, 1_000], NOW)
-    assert waiting == witnessed.deadlines(config)[0] + MAX_GAP_DAYS * DAY_MS
-    assert (alone.witnessed(), witnessed.witnessed()) == (False, True)
+    from kvtrace.pipelines import stream_drain
+    from kvtrace.pipelines.anonymize_streaming import UNPUBLISHED_WINDOW
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    monkeypatch.setattr(stream_drain, "_FAILURES", [])
+    monkeypatch.setattr(stream_drain, "DRAINING", stream_drain.threading.Event())
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    (Path(config.job.output) / "window-000000").mkdir()
+    records = [stream_chat(1_000 + 70_000 * i, i) for i in range(3)]
+    stream = TestStream().add_elements([message(r) for r in records] + [b"not json"])
+    run_stream(config, stream.advance_watermark_to_infinity())
+    rejected = letters(Path(config.job.dead_letter))
+    reasons = sorted(letter["error"] for letter in rejected)
+    assert reasons.count(UNPUBLISHED_WINDOW) == 3 and len(reasons) == 4
+    assert stream_counts(config.job.dead_letter) == {"read": 4, "exported": 0, "rejected": 4}
+    assert [p.name for p in Path(config.job.output).iterdir() if p.is_dir()] == ["window-000000"]
+    (failure,) = stream_drain._FAILURES
+    assert "stands at the stream's next window's name" in str(failure)
+    assert stream_drain.DRAINING.is_set()
+
+
+@pytest.mark.beam
+@pytest.mark.slow  # a streaming pipeline: ~5 s
+def test_a_stream_resumed_past_the_rules_gap_letters_what_its_audit_would_refuse(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Published rows anchor the stream: requests 9 days after them (a holiday over the batch
+    rule's gap), however many, are `implausible_timestamp` letters, said once with the remedy,
+    and the stream's folder stays publishable (the audit's _check_stream_gap)."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from kvtrace.transforms.stats import audit as gate
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    warned: list[str] = []  # said whatever logging another test set up
+    monkeypatch.setattr(
+        logging, "warning", lambda text, *args, **_: warned.append(str(text) % args)
+    )
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    start = 1_767_225_600_000
+    first = [stream_chat(start + 10_000 * i, i) for i in range(3)]
+    first.append(stream_chat(start + 70_000, 3))  # in order, past window 0's deadline
+    resumed = [stream_chat(start + 9 * DAY + 1_000 * i, 4 + i) for i in range(6)]
+    stream = (
+        TestStream()
+        .add_elements([message(r) for r in first])
+        .advance_watermark_to(int(time.time()) + 60)  # window 0 published
+        .add_elements([message(r) for r in resumed])
+        .advance_watermark_to_infinity()
+    )
+    run_stream(config, stream)
+    assert stream_counts(config.job.dead_letter) == {"read": 10, "exported": 4, "rejected": 6}
+    reasons = [letter["error"] for letter in letters(Path(config.job.dead_letter))]
+    assert reasons == ["implausible_timestamp"] * 6
+    assert [text for text in warned if "lie more than 7 days" in text] == [
+        "6 requests lie more than 7 days from the rows the stream published (or are of the "
+        "other kind of time): dead letters (implausible_timestamp); a producer whose clock "
+        "moved for good needs a stream of its own (a new --output)"
+    ]
+    assert gate.audit(config.job.output, tiny_tokenizer)["publishable"]

@@ -19,6 +19,7 @@ from kvtrace.transforms.read.timestamps import (
     EPOCH,
     MAX_GAP_DAYS,
     RELATIVE,
+    anchored_days,
     plausible_days,
     timestamp_kind,
 )
@@ -51,9 +52,16 @@ def keep_input_kind(
     requests per day), and a dead letter for each other one. The record's text is gone by now
     (only hashes leave the encoder), so the letter names what identifies the row: its timestamp
     and lengths (withhold: the run's ParseOptions.withholds_letters, as every letter of it)."""
-    first, last = plausible_days(counts)
-    days = batch.requests["timestamp_ms"] // DAY_MS
-    keep = (days >= first) & (days <= last)
+    return keep_days(batch, plausible_days(counts), withhold)
+
+
+def keep_days(
+    batch: HashedBatch, days: tuple[int, int], withhold: bool = False
+) -> tuple[HashedBatch | None, list[DeadLetter]]:
+    """The batch's requests on days (first, last), and a dead letter for each other one."""
+    first, last = days
+    on_day = batch.requests["timestamp_ms"] // DAY_MS
+    keep = (on_day >= first) & (on_day <= last)
     if keep.all():
         return batch, []
     bulk_kind = timestamp_kind(first * DAY_MS)
@@ -65,29 +73,20 @@ def keep_plausible_windows(
     windows: list[tuple[int, HashedBatch]], established: Mapping[int, int] | None = None
 ) -> tuple[list[tuple[int, HashedBatch]], list[DeadLetter]]:
     """(window start, batch) pairs judged together as one input with what was established
-    before them (a stream's published requests per day): the pairs with their plausible
-    requests, and a dead letter for each other. Judged among waiting windows alone, a clock
-    reset arriving alone would be the bulk of its own judgement."""
-    counts = sum_kind_counts([dict(established or {})] + [kind_counts(b) for _, b in windows])
+    before them (a stream's published requests per day): the pairs with their requests in the
+    run of days holding the established ones (read/timestamps.anchored_days: what a stream
+    published is never outvoted by what waits), or, with none established, in the bulk; and a
+    dead letter for each other. Judged among waiting windows alone, a clock reset arriving alone
+    would be the bulk of its own judgement."""
+    counts = sum_kind_counts([kind_counts(b) for _, b in windows])
+    days = anchored_days(dict(established or {}), counts)
     kept, letters = [], []
     for window, batch in windows:
-        plausible, stray = keep_input_kind(batch, counts)
+        plausible, stray = keep_days(batch, days)
         letters += stray
         if plausible is not None:
             kept.append((window, plausible))
     return kept, letters
-
-
-def keep_kind(batch: HashedBatch, kind: str) -> tuple[HashedBatch | None, list[DeadLetter]]:
-    """The batch's requests whose timestamps are of kind (a stream's zero's, fixed once its
-    first window is published), and a dead letter for each other one: counted from a zero of
-    another kind, a time would publish the wall clock (or go negative)."""
-    kinds = np.array([timestamp_kind(ms) for ms in batch.requests["timestamp_ms"].tolist()])
-    keep = kinds == kind
-    if keep.all():
-        return batch, []
-    letters = [_letter(row, kind, 0, 0) for row in batch.requests[~keep]]
-    return (batch.select(keep) if keep.any() else None), letters
 
 
 def _letter(

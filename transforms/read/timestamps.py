@@ -140,22 +140,44 @@ def timestamp_kind(ms: int) -> str:
     return RELATIVE if ms < EPOCH_FLOOR_MS else EPOCH
 
 
+def day_runs(day_counts: Mapping[int, int]) -> list[tuple[int, int, int]]:
+    """(requests, first day, last day) of each run of days (ms // DAY_MS) that no gap of more
+    than MAX_GAP_DAYS splits, oldest first."""
+    days = sorted(day_counts)
+    runs: list[tuple[int, int, int]] = []
+    first, requests = (days[0], 0) if days else (0, 0)
+    for day, following in zip(days, [*days[1:], None]):
+        requests += day_counts[day]
+        if following is None or following - day > MAX_GAP_DAYS:
+            runs.append((requests, first, day))
+            first, requests = following, 0
+    return runs
+
+
 def plausible_days(day_counts: Mapping[int, int]) -> tuple[int, int]:
     """(first, last) day (ms // DAY_MS) of the bulk of an input's timestamps, from the count of
     its requests on each day: of the runs of days that no gap of more than MAX_GAP_DAYS splits,
     the one holding the most requests (the latest on a tie, as recent dates outlive resets).
     Decided from the counts alone, so any order or split of the input decides alike."""
-    days = sorted(day_counts)
-    if not days:
+    runs = day_runs(day_counts)
+    if not runs:
         return 0, -1
-    best = (0, days[0], days[0])  # (requests, first day, last day)
-    first, requests = days[0], 0
-    for day, following in zip(days, [*days[1:], None]):
-        requests += day_counts[day]
-        if following is None or following - day > MAX_GAP_DAYS:
-            best = max(best, (requests, first, day))
-            first, requests = following, 0
-    return best[1], best[2]
+    _, first, last = max(runs)
+    return first, last
+
+
+def anchored_days(anchor: Mapping[int, int], day_counts: Mapping[int, int]) -> tuple[int, int]:
+    """(first, last) day of the run (as plausible_days cuts them) of anchor's and day_counts'
+    days together that holds anchor's days: what was published already (a stream's rows) is
+    never outvoted, so nothing beyond a gap of more than MAX_GAP_DAYS from it is ever published
+    beside it. With no anchor: the bulk (plausible_days). anchor's days are one run, as the
+    rows this rule let out are."""
+    if not anchor:
+        return plausible_days(day_counts)
+    counts = {**day_counts, **{day: 1 for day in anchor}}
+    day = min(anchor)
+    _, first, last = next(run for run in day_runs(counts) if run[1] <= day <= run[2])
+    return first, last
 
 
 def _zone(zone: str | None) -> dt.timezone:

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.paths import without_views
-from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS, plausible_days, timestamp_ms
+from kvtrace.transforms.read.timestamps import (
+    DAY_MS,
+    MAX_GAP_DAYS,
+    anchored_days,
+    day_runs,
+    plausible_days,
+    timestamp_ms,
+)
 
 NIGHT_START = 1_700_000_000_000
 RESET = 946_684_800_000  # 2000-01-01: inside the calendar range of log dates
@@ -163,3 +170,34 @@ def test_bigquerys_exported_timestamp_reads_as_utc():
 def test_a_zone_name_other_than_bigquerys_utc_is_refused(zone):
     with pytest.raises(Rejected, match="not ISO"):
         timestamp_ms("2025-11-21 04:40:01" + zone)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.integers(0, 60), st.integers(1, 5), max_size=12),
+    st.dictionaries(st.integers(0, 60), st.integers(1, 5), min_size=1, max_size=12),
+)
+def test_what_was_published_is_never_outvoted(anchor_days, waiting):
+    """anchored_days: the run (no gap over MAX_GAP_DAYS) holding the anchor's days, however
+    many requests wait elsewhere; with no anchor, the batch rule's bulk."""
+    start = min(anchor_days, default=0)  # the anchor is one run, as a stream publishes it
+    anchor = {start + n: 1 for n in range(3)} if anchor_days else {}
+    first, last = anchored_days(anchor, waiting)
+    if not anchor:
+        assert (first, last) == plausible_days(waiting)
+        return
+    assert first <= start and start + 2 <= last
+    days = sorted({*anchor, *waiting})
+    inside = [d for d in days if first <= d <= last]
+    assert all(b - a <= MAX_GAP_DAYS for a, b in zip(inside, inside[1:]))
+    # Maximal: the next day out on either side is beyond the gap.
+    assert all(d < first - MAX_GAP_DAYS or d > last + MAX_GAP_DAYS for d in days if d not in inside)
+
+
+def test_day_runs_split_at_gaps_over_the_rule():
+    counts = {0: 2, MAX_GAP_DAYS: 1, 2 * MAX_GAP_DAYS + 1: 4}
+    assert day_runs(counts) == [
+        (3, 0, MAX_GAP_DAYS),
+        (4, 2 * MAX_GAP_DAYS + 1, 2 * MAX_GAP_DAYS + 1),
+    ]
+    assert day_runs({}) == []

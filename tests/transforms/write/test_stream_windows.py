@@ -1,0 +1,164 @@
+"""The stream's windows and clock (transforms/write/stream_windows.py), pure: what anchors the
+stream, what fixes its zero, when a window is due, which timers a message sets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.encode.timestamp_kinds import keep_plausible_windows
+from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
+from kvtrace.transforms.write.coarsen import Coarsening
+from kvtrace.transforms.write.stream_windows import Progress
+
+MINUTE = 60_000
+DAY = DAY_MS
+RESET = 365 * DAY  # a clock gone a year ahead
+NOW = 1_800_000_000_000  # the source's clock: long after the requests' own times
+
+
+@dataclasses.dataclass(frozen=True)
+class Windows:
+    """A stream's windowing as its config gives it (stream_windows.Windowing)."""
+
+    window_ms: int = MINUTE
+    allowed_lateness_ms: int = 0
+    idle_ms: int = 10_000
+    coarsening: Coarsening = Coarsening()
+
+    def deadline_ms(self, window_start_ms: int) -> int:
+        return window_start_ms + self.window_ms + self.allowed_lateness_ms
+
+
+def requests_at(*timestamps: int) -> HashedBatch:
+    return HashedBatch.pack(
+        [HashedRequest(ts, i, 1, 1, b"", None) for i, ts in enumerate(timestamps)]
+    )
+
+
+def test_a_clock_reset_never_moves_the_streams_clock():
+    """Before the zero each run of days waits on its own clock, its latest request: a reset
+    passes no deadline of the real requests' run, and is never passed by theirs; the run of
+    the window due fixes the zero, and the reset is a letter then (first_anchor)."""
+    config = Windows()
+    progress = Progress()
+    progress.saw(config, 0, [10_000], NOW)
+    progress.saw(config, RESET, [RESET + 1], NOW + 1)
+    progress.saw(config, 0, [20_000], NOW + 2)
+    assert progress.passed_ms == {0: None, RESET: None}
+    assert progress.clocks(config) == {0: (20_000, NOW + 2), RESET: (RESET + 1, NOW + 1)}
+    progress.saw(config, MINUTE, [70_000], NOW + 3)  # a real request passes window 0's deadline
+    assert progress.passed_ms[0] == NOW + 3 and progress.due(config, NOW + 3) == [0]
+    # The run due anchors the zero: the reset's day is none of its.
+    assert progress.first_anchor(config, NOW + 3) == {0: 3}
+
+
+def test_requests_beyond_a_gap_wait_for_the_streams_clock():
+    """Once the zero is fixed, requests more than a window and the allowed lateness ahead of
+    the stream's clock (a producer logging local time, within the published rows' days) pass
+    no deadline until windows fill the gap, and are due only once the stream's clock, run on at
+    the source's pace, passes their deadline: idle time never publishes them early, so the
+    in-order requests after them are never late."""
+    config = Windows()
+    ahead = 3 * MINUTE
+    progress = Progress()
+    progress.saw(config, 0, [10_000, 20_000], NOW)
+    progress.publish(0)
+    progress.saw(config, ahead, [ahead + 1, ahead + 2], NOW + 1)
+    progress.saw(config, ahead + MINUTE, [ahead + MINUTE + 1], NOW + 2)  # its own run moves on
+    assert progress.passed_ms == {ahead: None, ahead + MINUTE: None}
+    # The stream's clock (20 s, in at NOW) reaches the window's deadline 220 s later.
+    assert progress.timers(config) == {ahead: NOW + (ahead + MINUTE - 20_000) + config.idle_ms}
+    progress.saw(config, MINUTE, [70_000], NOW + 3)  # the gap narrows: 110 s still
+    assert progress.passed_ms[ahead] is None
+    progress.saw(config, 2 * MINUTE, [130_000], NOW + 4)  # filled: the clock runs through
+    assert progress.passed_ms == {
+        MINUTE: NOW + 4,
+        ahead: NOW + 4,
+        2 * MINUTE: NOW + 4,
+        ahead + MINUTE: None,
+    }
+    assert progress.due(config, NOW + 4) == [MINUTE, 2 * MINUTE, ahead]
+
+
+def test_requests_ahead_never_outvote_the_published_rows():
+    """Once windows are published, their rows anchor the stream: requests more than MAX_GAP_DAYS
+    from them, however many (a reset, a clock years ahead), have no clock, and are
+    judged with the published rows' days (letters), never the bulk of a judgement of their own;
+    a request within MAX_GAP_DAYS of what waits beside the rows is kept."""
+    config = Windows()
+    progress = Progress()
+    progress.saw(config, 0, [0, 10_000, 20_000], NOW)
+    progress.publish(0)
+    for n in range(7):
+        progress.saw(config, RESET + n * MINUTE, [RESET + n * MINUTE + 1], NOW + 1)
+    # No clock of theirs; held (a state judged without the anchor), they are judged at once.
+    assert progress.clocks(config) == {}
+    assert progress.timers(config) == {RESET + n * MINUTE: NOW + 1 for n in range(7)}
+    ahead = [(RESET + n * MINUTE, requests_at(RESET + n * MINUTE + 1)) for n in range(7)]
+    near = [(6 * DAY, requests_at(6 * DAY)), (13 * DAY, requests_at(13 * DAY))]
+    kept, strays = keep_plausible_windows(ahead + near, progress.published_days)
+    assert [window for window, _ in kept] == [6 * DAY, 13 * DAY]
+    assert [letter.reason for letter in strays] == ["implausible_timestamp"] * 7
+
+
+def test_idle_time_alone_never_fixes_the_zero():
+    """Before the zero, a window its run's clock has not passed (two requests of one still
+    clock, a reset's two) is due only MAX_GAP_DAYS of the source's clock later than the idle
+    rule would have it; once a window is published the idle rule applies."""
+    config = Windows()
+    first = Progress()
+    first.saw(config, 0, [1_000, 2_000], NOW)
+    idle = NOW + (MINUTE - 2_000) + config.idle_ms
+    assert first.timers(config) == {0: idle + MAX_GAP_DAYS * DAY_MS}
+    anchored = Progress()
+    anchored.saw(config, 0, [1_000], NOW)
+    anchored.publish(0)
+    anchored.saw(config, MINUTE, [MINUTE + 1_000, MINUTE + 2_000], NOW)
+    assert anchored.timers(config) == {MINUTE: idle}
+
+
+def test_a_message_sets_only_the_timers_whose_time_changed():
+    """Windows opened and none closed (each its own window, a gap from the last): the timers
+    wanted are the oldest waiting window's, one due time a message, whatever is open."""
+    config = Windows()
+    progress, calls = Progress(), []
+    due_ms = progress.due_ms
+    progress.due_ms = lambda *args: calls.append(args) or due_ms(*args)  # type: ignore[method-assign]
+    for i in range(50):
+        progress.saw(config, i * 2 * MINUTE, [i * 2 * MINUTE], NOW)
+        assert list(progress.timers(config)) == [0]
+    assert len(calls) == 50
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 1, 2, 5, 9, 30]), st.integers(0, 10 * MINUTE)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.booleans(),
+)
+def test_a_message_moves_the_clocks_as_judging_everything_again_does(requests, anchored):
+    """saw() updates only the run the request joins (its newly passed windows), or everything
+    when runs join or a new one starts: the windows passed are those a whole recomputation
+    (clock_moved over every open window) finds, whatever the order requests come in."""
+    config = Windows()
+    progress = Progress()
+    if anchored:
+        progress.saw(config, 0, [1_000], NOW)
+        progress.publish(0)
+    for n, (day, offset) in enumerate(requests):
+        event_ms = day * DAY + MINUTE + offset
+        window = event_ms // MINUTE * MINUTE
+        if anchored and window <= 0:
+            continue
+        progress.saw(config, window, [event_ms], NOW + n)
+        whole = dataclasses.replace(progress, passed_ms=dict(progress.passed_ms))
+        whole.clock_moved(config, NOW + n)
+        passed = {w for w, at in progress.passed_ms.items() if at is not None}
+        assert passed == {w for w, at in whole.passed_ms.items() if at is not None}
