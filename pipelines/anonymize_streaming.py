@@ -749,7 +749,11 @@ def claim_window(folder: str, name: str) -> None:
         return
     claimed = window_index(claimed_by(folder, STREAM_WRITER))
     place = storage.join(folder, name)
-    own = claimed is not None and claimed >= window_index(name)
+    standing = [i for i in map(window_index, os.listdir(folder)) if i is not None]
+    # A claim counts only as far as the stream could have made it: at most one past the
+    # windows standing (a restored attempt may re-publish one before its claim); a mark
+    # claiming further (set by someone else) makes no folder the stream's.
+    own = claimed is not None and window_index(name) <= claimed <= max(standing, default=-1) + 1
     if not own and os.path.lexists(place):
         raise OutputRefused(
             f"{place} stands at the stream's next window's name, and the stream did not write "

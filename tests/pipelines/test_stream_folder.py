@@ -97,3 +97,23 @@ def test_a_folder_the_stream_did_not_write_at_its_next_windows_name_is_never_rep
     assert (night / "manifest.json").read_text() == "{}"
     with pytest.raises(OutputRefused, match="did not write"):  # its claim never moved on
         claim_window(str(output), "window-000001")
+
+
+@pytest.mark.beam
+def test_a_mark_claiming_windows_far_ahead_makes_no_folder_the_streams(tmp_path):
+    """Someone else's mark claiming window 9 while windows 0-1 stand: the folder at window 2's
+    name is still not the stream's (a claim counts at most one past the windows standing)."""
+    from kvtrace.pipelines.anonymize_streaming import claim_window, make_stream_folder
+    from kvtrace.transforms.write.publish import STREAM_WRITER, mark_output
+
+    output = tmp_path / "stream"
+    make_stream_folder(str(output))
+    for name in ("window-000000", "window-000001"):
+        claim_window(str(output), name)
+        (output / name).mkdir()
+    assert mark_output(str(output), STREAM_WRITER, claimed="window-000009")
+    planted = output / "window-000002"
+    planted.mkdir()
+    with pytest.raises(OutputRefused, match="did not write"):
+        claim_window(str(output), "window-000002")
+    assert planted.is_dir()
