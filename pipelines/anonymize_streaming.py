@@ -337,7 +337,7 @@ class PublishWindows(beam.DoFn):
         strays: list[DeadLetter] = []
         if progress.published_ms is not None:  # anchored: judged now, nothing held for it
             # What waits lies in the published rows' run (judged as it came): one anchor.
-            anchor = sum_kind_counts([progress.published_days, progress.waiting_days()])
+            anchor = sum_kind_counts([progress.published_days, progress.waiting])
             kept, strays = keep_plausible_windows([(0, batch)], anchor)
             progress.far += len(strays)
             if not kept:

@@ -714,3 +714,31 @@ def test_a_stream_resumed_past_the_rules_gap_letters_what_its_audit_would_refuse
         "moved for good needs a stream of its own (a new --output)"
     ]
     assert gate.audit(config.job.output, tiny_tokenizer)["publishable"]
+
+
+@pytest.mark.beam
+@pytest.mark.slow  # a streaming pipeline
+def test_an_older_run_of_relative_times_never_becomes_the_zero_of_the_run_due(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Five requests of a reset clock (relative ms, one window) before four real ones, the
+    real run's first window due: the real run fixes the zero, so no real request is a letter
+    (the older run, swept along with the window due, is)."""
+    from apache_beam.testing.test_stream import TestStream
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    start = 1_767_225_600_000  # a day's first ms
+    strays = [stream_chat(1000 + i, 10 + i) for i in range(5)]
+    real = [stream_chat(start + 10_000 * i, i) for i in range(3)] + [stream_chat(start + 70_000, 3)]
+    stream = (
+        TestStream()
+        .add_elements([message(r) for r in strays])
+        .add_elements([message(r) for r in real])
+        .advance_watermark_to(int(time.time()) + 60)  # the source's clock (s): window 0 due
+        .add_elements([message(stream_chat(start + 71_000, 20))])
+    )
+    run_stream(config, stream)
+    lettered = letters(Path(config.job.dead_letter))
+    assert len(lettered) == 5
+    assert all("an epoch date" not in letter["message"] for letter in lettered)

@@ -123,17 +123,13 @@ class Progress:
             days[day] = (held + len(on_day), max(latest, int(on_day.max())))
             self.waiting[day] = self.waiting.get(day, 0) + len(on_day)
 
-    def waiting_days(self) -> dict[int, int]:
-        """The open windows' requests per day (kept as they change: no walk over them)."""
-        return self.waiting
-
     def runs(self) -> list[list[int]]:
         """The open windows with a clock, by run, oldest first: before the zero, each run of
         days (no gap over MAX_GAP_DAYS) on its own; after it, the run of the published rows."""
         if self.published_ms is not None:
-            days = [anchored_days(self.published_days, self.waiting_days())]
+            days = [anchored_days(self.published_days, self.waiting)]
         else:
-            days = [(first, last) for _, first, last in day_runs(self.waiting_days())]
+            days = [(first, last) for _, first, last in day_runs(self.waiting)]
         if len(days) == 1 and days[0][0] <= min(self.waiting, default=0):
             if max(self.waiting, default=0) <= days[0][1]:  # one run: no walk over the windows
                 return [self.order] if self.order else []
@@ -257,20 +253,27 @@ class Progress:
         an older one's requests are late (and said so), never a window of their own after it."""
         if everything:
             return list(self.order)
-        due = [w for w, due_ms in self.timers(config).items() if due_ms <= watermark_ms]
+        due = self._timed_out(config, watermark_ms)
         return self.order[: bisect.bisect_right(self.order, max(due))] if due else []
+
+    def _timed_out(self, config: Windowing, watermark_ms: int) -> list[int]:
+        """The open windows whose own timer is due at watermark_ms (not those due() sweeps
+        along with them)."""
+        return [w for w, due_ms in self.timers(config).items() if due_ms <= watermark_ms]
 
     def first_anchor(
         self, config: Windowing, watermark_ms: int, everything: bool = False
     ) -> dict[int, int]:
         """Before the zero: the requests per day of the run whose window is due now (the bulk,
-        by the batch rule, of the runs due: at the stream's end, of everything waiting), which
-        fixes the zero; empty when none is due."""
-        counts = self.waiting_days()
+        by the batch rule, of the runs holding a window whose own timer is due: at the stream's
+        end, of everything waiting), which fixes the zero; empty when none is due. The older
+        windows due() sweeps along never vote: an older run of a reset clock, due only beside
+        them, would outvote the run that is due."""
+        counts = self.waiting
         if everything:
             first, last = plausible_days(counts)
         else:
-            due = {min(self.open_days[w]) for w in self.due(config, watermark_ms)}
+            due = {min(self.open_days[w]) for w in self._timed_out(config, watermark_ms)}
             runs = [run for run in day_runs(counts) if any(run[1] <= d <= run[2] for d in due)]
             if not runs:
                 return {}

@@ -162,3 +162,18 @@ def test_a_message_moves_the_clocks_as_judging_everything_again_does(requests, a
         whole.clock_moved(config, NOW + n)
         passed = {w for w, at in progress.passed_ms.items() if at is not None}
         assert passed == {w for w, at in whole.passed_ms.items() if at is not None}
+
+
+def test_an_older_run_swept_along_never_outvotes_the_run_that_is_due():
+    """due() sweeps every older open window along with one due, but only the runs holding a
+    window whose own timer is due decide the zero: five requests of a reset clock (relative
+    times, one window, its deadline passed by nothing) never outvote the two real ones whose
+    window is due."""
+    config = Windows()
+    progress = Progress()
+    real = 1000 * DAY
+    progress.saw(config, 0, [1, 2, 3, 4, 5], NOW)
+    progress.saw(config, real, [real + 1], NOW + 1)
+    progress.saw(config, real + MINUTE, [real + MINUTE + 1], NOW + 2)  # passes window real's
+    assert progress.due(config, NOW + 2) == [0, real]
+    assert progress.first_anchor(config, NOW + 2) == {1000: 2}
