@@ -7,12 +7,13 @@ windows are due and which timers to set). docs/STREAMING.md states the rule; in 
   MAX_GAP_DAYS) that holds the published rows, never outvoted by what waits; the rest are
   dead letters (the controller judges each request as it comes, and what waits again at each
   publication).
-- Zero. Before it, every run of days (no gap over MAX_GAP_DAYS) waits on its own clock, moved
-  in order from its first window as below: a window is due once a request of its run passes its
-  deadline, never by idle time alone; the run of the first window due (the bulk of the runs due
-  then) fixes the zero, and the other runs are letters. The stream's end judges what waits by
-  the batch rule (plausible_days); MAX_GAP_DAYS of the source's clock past the idle rule's time
-  bounds the wait.
+- Zero. Before it, every run of days (no gap over MAX_GAP_DAYS) waits on its own clocks, one
+  per contiguous segment of the run, each moved in order from the segment's first window as
+  below: a window is due once a request of its segment passes its deadline (with it every
+  older window), never by idle time alone; the run of the first window due (the bulk of the
+  runs holding a window whose own timer is due then) fixes the zero, and the other runs are
+  letters. The stream's end judges what waits by the batch rule (plausible_days);
+  MAX_GAP_DAYS of the source's clock past the idle rule's time bounds the wait.
 - Clock. Once anchored, the stream's clock is its latest published request, moved on through
   the open windows contiguous with it (no gap over a window and the allowed lateness): a window
   it passes is due when every record produced before the passing request has come in; a window
@@ -23,7 +24,8 @@ The controller's work per message is bounded: the timers wanted are the windows 
 due once, at a fixed time) and the oldest window still waiting on the clock (the clock's due
 times grow with the window: due() publishes every older window with a due one); only timers
 whose time changed are set again (Progress.armed); a message moves only its own run's clock
-(Progress.saw), over the open windows kept sorted (Progress.order)."""
+(Progress.saw; before the zero its segment's, joining the segments it reaches), over the open
+windows kept sorted (Progress.order)."""
 
 from __future__ import annotations
 
@@ -104,6 +106,11 @@ class Progress:
     # Open windows -> when (source's clock) a request past their deadline came in, None before.
     passed_ms: dict[int, int | None] = dataclasses.field(default_factory=dict)
     armed: dict[int, int] = dataclasses.field(default_factory=dict)  # timers set: window -> due
+    # Before the zero: each contiguous segment of a run (its first window) -> its clock and
+    # when that request came in; the firsts sorted, and those of segments with a passed window.
+    segments: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    firsts: list[int] = dataclasses.field(default_factory=list)
+    passing: set[int] = dataclasses.field(default_factory=set)
     letters_due: float | None = None  # when pending dead letters go out on their own (s)
     letter_batches: int = 0
     handed: int = 0  # plans handed to the writer (WriteWindows), which keeps the counts below
@@ -142,11 +149,10 @@ class Progress:
         return [run for run in runs if run]
 
     def _chain(self, config: Windowing, run: list[int]) -> tuple[int, int, int]:
-        """A run's clock, when its request came in, and how many of its windows it reaches."""
+        """Once anchored: the stream's clock, when its request came in, and how many of the
+        run's windows it reaches."""
         gap = config.window_ms + config.allowed_lateness_ms
-        clock, arrived = self.published_latest_ms, self.published_arrived_ms
-        if self.published_ms is None:  # from the run's first window
-            clock, arrived = self._latest(run[0]), self.window_arrived[run[0]]
+        clock, arrived = self.published_latest_ms or 0, self.published_arrived_ms
         for reach, window in enumerate(run):
             if window - clock > gap:
                 return clock, arrived, reach
@@ -154,16 +160,38 @@ class Progress:
             arrived = max(arrived, self.window_arrived[window])
         return clock, arrived, len(run)
 
+    def _split(self, config: Windowing, run: list[int]) -> list[tuple[list[int], int, int]]:
+        """Before the zero: a run's contiguous segments (no gap over a window and the allowed
+        lateness between a window and the latest request before it), each (its windows, its
+        clock, when that request came in). Each has its own clock from its own first window,
+        so in-order requests after a quiet spell pass their windows."""
+        gap = config.window_ms + config.allowed_lateness_ms
+        segments: list[tuple[list[int], int, int]] = []
+        for window in run:
+            latest, arrived = self._latest(window), self.window_arrived[window]
+            if segments and window - segments[-1][1] <= gap:
+                windows, clock, came = segments[-1]
+                segments[-1] = ([*windows, window], max(clock, latest), max(came, arrived))
+            else:
+                segments.append(([window], latest, arrived))
+        return segments
+
+    def _clocked(self, config: Windowing) -> list[tuple[list[int], int, int]]:
+        """The open windows with a clock, grouped by the clock they share: before the zero,
+        each segment of each run; after it, the run of the published rows."""
+        if self.published_ms is None:
+            return [segment for run in self.runs() for segment in self._split(config, run)]
+        return [(run, *self._chain(config, run)[:2]) for run in self.runs()]
+
     def clocks(self, config: Windowing) -> dict[int, tuple[int, int]]:
         """Each open window with a clock -> (its clock, when its request came in: source's
         clock). The clock moves from the latest published request (before the zero: from the
-        run's first window; the zero is its run's, never another's) through the open windows
-        of its run contiguous with it, no gap over a window and the allowed lateness (which
-        requests produced in order leave none of)."""
+        first window of the window's segment of its run; the zero is its run's, never
+        another's) through the open windows of its run contiguous with it, no gap over a window
+        and the allowed lateness (which requests produced in order leave none of)."""
         clocks: dict[int, tuple[int, int]] = {}
-        for run in self.runs():
-            clock, arrived, _ = self._chain(config, run)
-            clocks.update(dict.fromkeys(run, (clock, arrived)))
+        for windows, clock, arrived in self._clocked(config):
+            clocks.update(dict.fromkeys(windows, (clock, arrived)))
         return clocks
 
     def _latest(self, window: int) -> int:
@@ -182,11 +210,11 @@ class Progress:
         self.window_arrived[window] = now_ms
         self.arrived_ms = max(self.arrived_ms, now_ms)
         run = next((run for run in self.runs() if _holds(run, window)), [])
-        # Runs joined, a new one, or a run's clock starting from a new first window: judged
-        # again, every open window.
-        first = self.published_ms is None and run[:1] == [window] and len(run) > 1
-        if len(day_runs(self.waiting)) != runs or first:
+        if len(day_runs(self.waiting)) != runs:  # runs joined, or a new one: all judged again
             self.clock_moved(config, now_ms)
+            return
+        if self.published_ms is None:
+            self._join(config, window, run, now_ms)
             return
         # Its run's clock only moved on: its windows newly passed, the newest first, down to
         # the first passed before (the passed are the run's first windows): no walk over all.
@@ -198,10 +226,52 @@ class Progress:
                     break
                 self.passed_ms[earlier] = now_ms
 
+    def _join(self, config: Windowing, window: int, run: list[int], now_ms: int) -> None:
+        """Before the zero: window's segment of its run (the one before it, reached, or a new
+        one) moved on to window's requests, joining the segments after it its clock now
+        reaches; its windows newly passed, the newest first, down to the first passed before
+        (a segment's passed are its first windows; every one after a join)."""
+        gap = config.window_ms + config.allowed_lateness_ms
+        place = bisect.bisect_right(self.firsts, window) - 1
+        first = self.firsts[place] if place >= 0 else None
+        if first is not None and _holds(run, first) and window - self.segments[first][0] <= gap:
+            clock, arrived = self.segments[first]
+        else:
+            first, clock, arrived, place = window, self._latest(window), now_ms, place + 1
+            self.firsts.insert(place, window)
+        clock, arrived = max(clock, self._latest(window)), max(arrived, now_ms)
+        joined = False
+        while place + 1 < len(self.firsts) and _holds(run, self.firsts[place + 1]):
+            if self.firsts[place + 1] - clock > gap:
+                break
+            after = self.firsts.pop(place + 1)
+            self.passing.discard(after)
+            later, came = self.segments.pop(after)
+            clock, arrived, joined = max(clock, later), max(arrived, came), True
+        self.segments[first] = (clock, arrived)
+        start = bisect.bisect_left(run, first)
+        passed = bisect.bisect_right(run, clock - config.deadline_ms(0), start)
+        for earlier in reversed(run[start:passed]):
+            if self.passed_ms[earlier] is not None and not joined:
+                break
+            self.passed_ms[earlier] = self.passed_ms[earlier] or now_ms
+        if passed > start:
+            self.passing.add(first)
+
     def clock_moved(self, config: Windowing, now_ms: int) -> None:
         """The open windows' deadlines against their clocks: passed from now_ms on, or no
         longer passed when the clock went back (a run lost its latest request to the anchor)."""
-        clocks = self.clocks(config)
+        clocked = self._clocked(config)
+        self.segments, self.passing = {}, set()
+        if self.published_ms is None:
+            self.segments = {windows[0]: (clock, came) for windows, clock, came in clocked}
+            self.passing = {
+                windows[0]
+                for windows, clock, _ in clocked
+                if config.deadline_ms(windows[0]) <= clock
+            }
+        self.firsts = sorted(self.segments)
+        clocks = {w: (clock, came) for windows, clock, came in clocked for w in windows}
         for window, passed in self.passed_ms.items():
             clock = clocks.get(window)
             if clock is None or config.deadline_ms(window) > clock[0]:
@@ -223,16 +293,21 @@ class Progress:
     def timers(self, config: Windowing) -> dict[int, int]:
         """The timer each open window needs (source's watermark): a passed window at the
         arrival that passed it; the oldest window waiting on the stream's clock (before the
-        zero: of the bulk's run) at its due_ms. Every other waits for these, for the next
-        publication (which judges it) or for the stream's end."""
-        wanted: dict[int, int] = {}
+        zero: of the bulk's run, on its segment's clock) at its due_ms. Every other waits for
+        these (a passed window of a later segment takes the earlier segments of its run with
+        it), for the next publication (which judges it) or for the stream's end."""
         runs = self.runs()
-        for run in runs:  # the passed: each run's first windows
-            for window in run:
-                passed = self.passed_ms[window]
+        if self.published_ms is None:  # the passed: each segment's first windows
+            firsts = sorted(self.passing)
+        else:
+            firsts = [run[0] for run in runs]
+        wanted: dict[int, int] = {}
+        for first in firsts:
+            for place in range(bisect.bisect_left(self.order, first), len(self.order)):
+                passed = self.passed_ms[self.order[place]]
                 if passed is None:
                     break
-                wanted[window] = passed
+                wanted[self.order[place]] = passed
         if self.published_ms is not None:
             if sum(map(len, runs)) < len(self.order):  # off the anchor (a state judged
                 held = set().union(*runs)  # without it): judged at once
@@ -243,7 +318,11 @@ class Progress:
             clocked = next((r for r in runs if first <= min(self.open_days[r[0]]) <= last), [])
         waiting = next((w for w in clocked if self.passed_ms[w] is None), None)
         if waiting is not None:
-            clock, arrived, _ = self._chain(config, clocked)
+            if self.published_ms is None:
+                segment = self.firsts[bisect.bisect_right(self.firsts, waiting) - 1]
+                clock, arrived = self.segments[segment]
+            else:
+                clock, arrived, _ = self._chain(config, clocked)
             wanted[waiting] = self.due_ms(config, waiting, clock, arrived)
         return wanted
 

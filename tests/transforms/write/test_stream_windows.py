@@ -177,3 +177,22 @@ def test_an_older_run_swept_along_never_outvotes_the_run_that_is_due():
     progress.saw(config, real + MINUTE, [real + MINUTE + 1], NOW + 2)  # passes window real's
     assert progress.due(config, NOW + 2) == [0, real]
     assert progress.first_anchor(config, NOW + 2) == {1000: 2}
+
+
+def test_a_quiet_spell_after_the_first_window_never_holds_a_live_stream_back():
+    """Before the zero each contiguous segment of a run has its own clock from its own first
+    window: one request, three quiet minutes, then a request every 20 s for an hour, in order,
+    passes the later windows as they come (not only the first window's MAX_GAP_DAYS bound),
+    and a passed window takes the first segment's along (the zero is still the earliest)."""
+    config = Windows()
+    progress = Progress()
+    progress.saw(config, 0, [10_000], NOW)
+    arrived = NOW
+    for minute in range(3, 60):
+        for second in (0, 20_000, 40_000):
+            arrived += 20_000
+            progress.saw(config, minute * MINUTE, [minute * MINUTE + second], arrived)
+    assert progress.passed_ms[3 * MINUTE] == NOW + 4 * 20_000  # passed by the 4th minute's
+    assert progress.passed_ms[0] is None
+    assert progress.due(config, arrived) == [m * MINUTE for m in (0, *range(3, 59))]
+    assert progress.first_anchor(config, arrived) == {0: 1 + 57 * 3}
