@@ -742,3 +742,30 @@ def test_an_older_run_of_relative_times_never_becomes_the_zero_of_the_run_due(
     lettered = letters(Path(config.job.dead_letter))
     assert len(lettered) == 5
     assert all("an epoch date" not in letter["message"] for letter in lettered)
+
+
+@pytest.mark.beam
+@pytest.mark.slow  # a streaming pipeline
+@pytest.mark.parametrize("granule", [1, 1000])
+def test_a_kept_pair_a_day_short_of_the_gap_is_publishable_once_coarsened(
+    tiny_tokenizer, tmp_path, monkeypatch, granule
+):
+    """Rows on days d and d + 7, (MAX_GAP_DAYS + 1) days - 2 ms apart, are kept together, and
+    rounded to the granule lie 8 days apart: the audit's bound is the keeper's, rounded alike
+    (read/timestamps.widest_kept_gap_ms), so the stream stays publishable."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from kvtrace.transforms.read.timestamps import DAY_MS
+    from kvtrace.transforms.stats import audit as gate
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    job = dataclasses.replace(config.job, coarsening=Coarsening(granule, 1, 4))
+    config = dataclasses.replace(config, job=job)
+    start = 1_767_225_600_000  # a day's first ms
+    records = [stream_chat(start + 1, 0), stream_chat(start + 8 * DAY_MS - 1, 1)]
+    stream = TestStream().add_elements([message(r) for r in records])
+    run_stream(config, stream.advance_watermark_to_infinity())
+    assert stream_counts(config.job.dead_letter)["rejected"] == 0
+    report = gate.audit(config.job.output, tiny_tokenizer)
+    assert report["publishable"], report["flags"]

@@ -154,6 +154,15 @@ def day_runs(day_counts: Mapping[int, int]) -> list[tuple[int, int, int]]:
     return runs
 
 
+def widest_kept_gap_ms(granule_ms: int = 1) -> int:
+    """The widest gap two rows this module's rule keeps together can have once published with
+    times rounded (half up, from a zero) to granule_ms: raw, a pair of days no more than
+    MAX_GAP_DAYS apart lies at most (MAX_GAP_DAYS + 1) days - 1 ms apart, and rounding both
+    widens a gap to at most the next multiple of the granule. The audit refuses a wider one."""
+    raw = (MAX_GAP_DAYS + 1) * DAY_MS - 1
+    return -(-raw // granule_ms) * granule_ms
+
+
 def plausible_days(day_counts: Mapping[int, int]) -> tuple[int, int]:
     """(first, last) day (ms // DAY_MS) of the bulk of an input's timestamps, from the count of
     its requests on each day: of the runs of days that no gap of more than MAX_GAP_DAYS splits,

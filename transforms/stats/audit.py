@@ -40,7 +40,7 @@ import numpy as np
 from kvtrace.transforms import storage
 from kvtrace.transforms.dead_letters import shown_name
 from kvtrace.transforms.ids.row_order import in_published_order
-from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
+from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS, widest_kept_gap_ms
 from kvtrace.transforms.storage import SELINUX_ATTRIBUTE, is_url
 from kvtrace.transforms.trace_format import (
     CAPTURE_FIELD,
@@ -352,7 +352,8 @@ def _audit_stream(folder: str, names: list[str], given: Given) -> dict:
                 f": one stream is one run"
             )
         last_slot = _check_window_cut(name, rows, window_ms, last_slot, gate)
-        last_ms = _check_stream_gap(name, rows.column("times"), last_ms, gate)
+        granule = manifest["granularity"]["timestamp_ms"]
+        last_ms = _check_stream_gap(name, rows.column("times"), last_ms, granule, gate)
         _chain_across_windows(chains, rows)
     chains._merge()
     chains.check_output_chains()
@@ -422,17 +423,20 @@ def _check_window_cut(
     return int(slots.max())
 
 
-def _check_stream_gap(name: str, times: np.ndarray, last_ms: int | None, gate: _Gate) -> int | None:
+def _check_stream_gap(
+    name: str, times: np.ndarray, last_ms: int | None, granule_ms: int, gate: _Gate
+) -> int | None:
     """No row a gap over the batch rule's (read/timestamps.MAX_GAP_DAYS) from the row before
     it, in this window or the audited one before it: such a row is a clock gone wrong (the
     stream's zero, or a row counted from it) published, as the batch job would letter it.
-    Only gaps of MAX_GAP_DAYS + 1 days or more are flagged: a shorter one may lie within the
+    Only gaps wider than any two rows the rule keeps can have once rounded to the stream's
+    granule (read/timestamps.widest_kept_gap_ms) are flagged: a shorter one may lie within the
     rule's days, which the zero's epoch (never published) decides. Returns the latest time."""
     if not len(times):
         return last_ms
     ordered = np.sort(times) if last_ms is None else np.concatenate([[last_ms], np.sort(times)])
     widest = int(np.diff(ordered).max(initial=0))
-    if widest >= (MAX_GAP_DAYS + 1) * DAY_MS:
+    if widest > widest_kept_gap_ms(granule_ms):
         gate.flag(
             f"{name}: rows {widest // DAY_MS} days apart, over the {MAX_GAP_DAYS} days the "
             f"batch job allows between requests: a clock gone wrong was published"

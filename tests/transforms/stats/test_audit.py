@@ -135,11 +135,30 @@ def test_a_streams_rows_over_the_batch_rules_gap_apart_are_flagged():
     from kvtrace.transforms.stats.audit import _check_stream_gap, _Gate
 
     gate = _Gate()
-    last = _check_stream_gap("window-000000", np.array([0]), None, gate)
+    last = _check_stream_gap("window-000000", np.array([0]), None, 1, gate)
     near = (MAX_GAP_DAYS + 1) * DAY_MS - 1  # may lie within the rule's days: passes
-    assert _check_stream_gap("window-000001", np.array([near, near + 5]), last, gate) == near + 5
+    assert _check_stream_gap("window-000001", np.array([near, near + 5]), last, 1, gate) == near + 5
     assert gate.flags == []
     far = near + 5 + (MAX_GAP_DAYS + 1) * DAY_MS
-    _check_stream_gap("window-000002", np.array([far]), near + 5, gate)
-    _check_stream_gap("window-000003", np.array([far, far + 30 * DAY_MS]), None, gate)
+    _check_stream_gap("window-000002", np.array([far]), near + 5, 1, gate)
+    _check_stream_gap("window-000003", np.array([far, far + 30 * DAY_MS]), None, 1, gate)
     assert [flag.split(":")[0] for flag in gate.flags] == ["window-000002", "window-000003"]
+
+
+def test_a_kept_pair_rounded_to_the_streams_granule_is_never_flagged():
+    """Two rows the rule keeps lie at most (MAX_GAP_DAYS + 1) days - 1 ms apart; rounded half
+    up to a granule they may lie a whole granule multiple apart, 8 days exactly: passed with
+    the stream's granule, flagged one granule wider (read/timestamps.widest_kept_gap_ms)."""
+    from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
+    from kvtrace.transforms.stats.audit import _check_stream_gap, _Gate
+    from kvtrace.transforms.write.coarsen import round_to
+
+    kept = np.array([1, (MAX_GAP_DAYS + 1) * DAY_MS - 1])  # days d and d + 7, from a zero at 1
+    published = round_to(kept - 1, 1000)
+    assert int(np.diff(published)[0]) == (MAX_GAP_DAYS + 1) * DAY_MS
+    gate = _Gate()
+    _check_stream_gap("window-000000", published, None, 1000, gate)
+    assert gate.flags == []
+    _check_stream_gap("window-000001", published + [0, 1000], None, 1000, gate)
+    _check_stream_gap("window-000002", published, None, 1, gate)
+    assert [flag.split(":")[0] for flag in gate.flags] == ["window-000001", "window-000002"]
