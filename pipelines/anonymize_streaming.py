@@ -89,6 +89,7 @@ from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.steps import Encode
 from kvtrace.transforms.encode.timestamp_kinds import (
     IMPLAUSIBLE_TIMESTAMP,
+    keep_arriving,
     keep_plausible_windows,
     sum_kind_counts,
 )
@@ -336,13 +337,14 @@ class PublishWindows(beam.DoFn):
         is already published, or whose time is of another kind than the stream's zero."""
         strays: list[DeadLetter] = []
         if progress.published_ms is not None:  # anchored: judged now, nothing held for it
-            # What waits lies in the published rows' run (judged as it came): one anchor.
+            # What waits lies in the published rows' run (judged as it came): one anchor,
+            # which each request kept extends, in arrival order (however bundles batch them).
             anchor = sum_kind_counts([progress.published_days, progress.waiting])
-            kept, strays = keep_plausible_windows([(0, batch)], anchor)
+            kept, strays = keep_arriving(batch, anchor)
             progress.far += len(strays)
-            if not kept:
+            if kept is None:
                 return strays
-            batch = kept[0][1]
+            batch = kept
         earliest = int(batch.requests["timestamp_ms"].min())
         if progress.published_ms is None and (
             progress.origin_ms is None or earliest < progress.origin_ms

@@ -89,6 +89,33 @@ def keep_plausible_windows(
     return kept, letters
 
 
+def keep_arriving(
+    batch: HashedBatch, anchor: Mapping[int, int]
+) -> tuple[HashedBatch | None, list[DeadLetter]]:
+    """A batch's requests judged one by one in arrival order against the run of days holding
+    anchor (a stream's published and waiting requests per day: one run), as it stands: each
+    request kept extends it (read/timestamps.anchored_days, the rule), and a dead letter for
+    each other one. Only the order requests arrive in decides, never how a bundle batches
+    them: judged with a batch's own days, a request days ahead is kept beside one between."""
+    standing = dict(anchor)
+    first, last = anchored_days(standing, {})
+    days = (batch.requests["timestamp_ms"] // DAY_MS).tolist()
+    keep = np.ones(len(days), bool)
+    for place, day in enumerate(days):
+        if not first <= day <= last:  # else within the run as it stands: it moves nothing
+            reach = anchored_days(standing, {day: 1})
+            if reach[0] <= day <= reach[1]:
+                first, last = reach
+                standing[day] = 1
+            else:
+                keep[place] = False
+    if keep.all():
+        return batch, []
+    bulk_kind = timestamp_kind(first * DAY_MS)
+    letters = [_letter(row, bulk_kind, first, last) for row in batch.requests[~keep]]
+    return (batch.select(keep) if keep.any() else None), letters
+
+
 def _letter(
     row: np.void, bulk_kind: str, first: int, last: int, withhold: bool = False
 ) -> DeadLetter:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from kvtrace.transforms.encode.timestamp_kinds import keep_plausible_windows
+from kvtrace.transforms.encode.timestamp_kinds import keep_arriving, keep_plausible_windows
 from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
 from kvtrace.transforms.write.coarsen import Coarsening
 from kvtrace.transforms.write.stream_windows import Progress
@@ -196,3 +196,40 @@ def test_a_quiet_spell_after_the_first_window_never_holds_a_live_stream_back():
     assert progress.passed_ms[0] is None
     assert progress.due(config, arrived) == [m * MINUTE for m in (0, *range(3, 59))]
     assert progress.first_anchor(config, arrived) == {0: 1 + 57 * 3}
+
+
+def test_a_stream_keeps_requests_by_their_arrival_order_never_by_their_batching():
+    """Once anchored, requests are judged in arrival order against the anchor's run as it
+    stands, each one kept extending it: a request on day d + 4, then one on d + 8, are kept
+    whether one bundle batches them or two; the d + 8 one first is a letter (arrival order
+    alone decides, as it must in a stream: what is kept is published before what follows)."""
+    day = 20_000
+    anchor = {day: 10}
+    between, ahead = (day + 4) * DAY, (day + 8) * DAY + 5
+    kept, letters = keep_arriving(requests_at(between, ahead), anchor)
+    assert kept is not None and len(kept) == 2 and letters == []
+    first, first_letters = keep_arriving(requests_at(between), anchor)
+    then, then_letters = keep_arriving(requests_at(ahead), {**anchor, day + 4: 1})
+    assert first is not None and then is not None and first_letters + then_letters == []
+    alone, alone_letters = keep_arriving(requests_at(ahead, between), anchor)
+    assert alone is not None and alone.requests["timestamp_ms"].tolist() == [between]
+    assert [letter.reason for letter in alone_letters] == ["implausible_timestamp"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-20, 20), min_size=1, max_size=12), st.sets(st.integers(1, 11)))
+def test_however_bundles_batch_the_requests_the_same_are_kept(offsets, cuts):
+    """keep_arriving over one batch keeps what it keeps over the same requests cut into
+    batches, each judged against the anchor and the requests kept before it."""
+    anchor = {20_000: 3}
+    times = [(20_000 + offset) * DAY + n for n, offset in enumerate(offsets)]
+    whole, _ = keep_arriving(requests_at(*times), anchor)
+    kept_whole = [] if whole is None else whole.requests["timestamp_ms"].tolist()
+    kept_cut, standing = [], dict(anchor)
+    bounds = [0, *sorted(c for c in cuts if c < len(times)), len(times)]
+    for start, end in zip(bounds, bounds[1:]):
+        part, _ = keep_arriving(requests_at(*times[start:end]), standing)
+        for ts in [] if part is None else part.requests["timestamp_ms"].tolist():
+            kept_cut.append(ts)
+            standing[ts // DAY] = standing.get(ts // DAY, 0) + 1
+    assert kept_cut == kept_whole
