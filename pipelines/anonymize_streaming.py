@@ -45,7 +45,6 @@ all.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import re
@@ -91,6 +90,7 @@ from kvtrace.transforms.encode.timestamp_kinds import (
     IMPLAUSIBLE_TIMESTAMP,
     keep_arriving,
     keep_plausible_windows,
+    row_identity,
     sum_kind_counts,
 )
 from kvtrace.transforms.errors import ConfigError, JobStopped
@@ -296,8 +296,10 @@ class PublishWindows(beam.DoFn):
         end=beam.DoFn.TimerParam(END),
     ) -> None:
         item = element[1]
-        progress = progress_state.read() or Progress()
-        end.set(GlobalWindow().max_timestamp())
+        progress = progress_state.read()
+        if progress is None:  # the key's first message: the END timer, once
+            progress = Progress()
+            end.set(GlobalWindow().max_timestamp())
         letters = [item] if isinstance(item, DeadLetter) else self._wait(item, progress, pending)
         self._arm(progress, deadline)
         self._hold_letters(letters, progress, pending, letters_due)
@@ -662,12 +664,7 @@ class WriteWindows(beam.DoFn):
         lost = [
             DeadLetter(
                 shown_name(self._config.source),
-                json.dumps(
-                    {
-                        key: int(row[key])
-                        for key in ("timestamp_ms", "input_length", "output_length")
-                    }
-                ).encode(),
+                row_identity(row),
                 UNPUBLISHED_WINDOW,
                 f"{plan.name} was not published: {progress.failed}",
             )
@@ -675,7 +672,21 @@ class WriteWindows(beam.DoFn):
         ]
         progress.rejected += plan.read
         letters = plan.requests.held + lost
-        write_cumulative(self._config, progress, (f"unpublished-{plan.name}", letters))
+        try:
+            write_cumulative(self._config, progress, (f"unpublished-{plan.name}", letters))
+        except (JobStopped, OutputRefused, OSError) as err:
+            # The letters cannot be written either (a full disk): nothing lost silently, the
+            # stream stops with one line counting the records neither published nor lettered.
+            progress.rejected -= plan.read
+            progress.unwritten += plan.read
+            cause = f"{type(err).__name__}: {JobStopped.message_in(err) or err}".splitlines()[0]
+            line = (
+                f"{progress.unwritten} records read were neither published nor lettered: "
+                f"{plan.name} was not published ({progress.failed}) and its letters could not "
+                f"be written ({cause})"
+            )
+            logging.error("%s", line)
+            fail(JobStopped(line), supersede=True)
 
     def _write(
         self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress

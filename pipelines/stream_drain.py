@@ -38,10 +38,14 @@ DRAINING = threading.Event()
 _FAILURES: list[BaseException] = []
 
 
-def fail(error: BaseException) -> None:
+def fail(error: BaseException, supersede: bool = False) -> None:
     """The stream cannot go on publishing (its writer, in this process on the local runner):
     it drains as on a stop, its windows left and letters published as letters, then ends
-    with error (Drain.failure). Elsewhere the writer letters every later window."""
+    with error (Drain.failure): the first, or the latest superseding (one that says more, as
+    how many records could not be lettered either). Elsewhere the writer letters every later
+    window."""
+    if supersede:
+        _FAILURES.clear()
     if not _FAILURES:
         _FAILURES.append(error)
     DRAINING.set()

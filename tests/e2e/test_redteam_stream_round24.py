@@ -244,23 +244,33 @@ def test_a_message_costs_the_controller_work_bounded_whatever_it_holds_open(tmp_
     class Bag:
         def __init__(self) -> None:
             self.items: list = []
-            self.value = None
 
         def add(self, item) -> None:
             self.items.append(item)
 
         def read(self):
-            return self.value if self.value is not None else list(self.items)
+            return list(self.items)
 
         def clear(self) -> None:
             self.items = []
+
+    class Value:  # a read-modify-write state: None until written, as Beam's
+        def __init__(self) -> None:
+            self.value = None
+
+        def read(self):
+            return self.value
 
         def write(self, value) -> None:
             self.value = value
 
     class Timers:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
         def set(self, timestamp: Timestamp, dynamic_timer_tag: str = "") -> None:
             work["timer sets"] += 1
+            work[self.name] = work.get(self.name, 0) + 1
 
         def clear(self, dynamic_timer_tag: str = "") -> None:
             pass
@@ -274,14 +284,19 @@ def test_a_message_costs_the_controller_work_bounded_whatever_it_holds_open(tmp_
     monkeypatch.setattr(Progress, "due_ms", counted)
     monkeypatch.setattr(anonymize_streaming, "source_now_ms", lambda: 1_800_000_000_000)
     publisher = PublishWindows(streaming_config(tmp_path, "x"))
-    state = {"pending": Bag(), "progress_state": Bag()}
-    timers = {"deadline": Timers(), "letters_due": Timers(), "end": Timers()}
+    state = {"pending": Bag(), "progress_state": Value()}
+    timers = {
+        "deadline": Timers("deadline"),
+        "letters_due": Timers("letters"),
+        "end": Timers("end"),
+    }
     messages = 200
     for i in range(messages):  # two minutes apart: each its own one-minute window
         request = HashedRequest(STREAM_START_MS + i * 120_000, i, 1, 1, b"", None)
         publisher.process((0, HashedBatch.pack([request])), **state, **timers)
     # Today 20,100 of each (n(n+1)/2): every message re-arms every window opened before it.
     assert work["timer sets"] <= 4 * messages and work["due times"] <= 4 * messages, work
+    assert work["end"] == 1, work  # set as the key's state is new, not by every message
 
 
 @needs_emulator

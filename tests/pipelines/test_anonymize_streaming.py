@@ -538,21 +538,66 @@ def test_a_window_that_fails_to_publish_is_letters_nothing_staged_left(
     ]
 
 
+@pytest.mark.beam
+@pytest.mark.slow  # a streaming pipeline: ~5 s
+def test_letters_that_cannot_be_written_either_stop_the_stream_in_one_line_counting_them(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """A window the writer cannot publish, then its letters not written either (a full disk):
+    no traceback escapes the pipeline, and the stream's stop line counts the records neither
+    published nor lettered, with both causes."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from kvtrace.pipelines import anonymize_streaming, stream_drain
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    monkeypatch.setattr(stream_drain, "_FAILURES", [])
+    monkeypatch.setattr(anonymize_streaming, "LETTER_DELAY_S", 3600)
+    written = anonymize_streaming.write_cumulative
+
+    def full_disk(config, progress, letters=None):
+        if letters is not None and letters[0].startswith("unpublished-"):
+            raise OSError(28, "No space left on device")
+        written(config, progress, letters)
+
+    monkeypatch.setattr(anonymize_streaming, "write_cumulative", full_disk)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    anonymize_streaming.claim_window(config.job.output, "window-000000")
+    blocked = Path(config.job.output) / "window-000000"
+    blocked.mkdir()
+    (blocked / "notes.txt").write_text("not kvtrace's")
+    stream = TestStream().add_elements([b"not json", message(stream_chat(5_000, 1))])
+    run_stream(config, stream.advance_watermark_to_infinity())
+    (line,) = [str(failure) for failure in stream_drain._FAILURES]
+    assert "2 records read were neither published nor lettered" in line, line
+    assert "kvtrace did not write" in line and "No space left on device" in line
+    assert "\n" not in line
+
+
 class FakeBag:
-    """A runner's keyed state, as PublishWindows reads it (bag or value)."""
+    """A runner's bag state, as PublishWindows reads it."""
 
     def __init__(self) -> None:
         self.items: list = []
-        self.value = None
 
     def add(self, item) -> None:
         self.items.append(item)
 
     def read(self):
-        return self.value if self.value is not None else list(self.items)
+        return list(self.items)
 
     def clear(self) -> None:
         self.items = []
+
+
+class FakeValue:
+    """A runner's read-modify-write state: None until written, as Beam's."""
+
+    def __init__(self) -> None:
+        self.value = None
+
+    def read(self):
+        return self.value
 
     def write(self, value) -> None:
         self.value = value
@@ -589,7 +634,7 @@ def test_one_watermark_advance_publishes_every_due_window(tmp_path, monkeypatch)
     )
     config = streaming_config(tmp_path, "x")
     publisher = PublishWindows(config)
-    pending, progress, letters_due, end = FakeBag(), FakeBag(), FakeTimers(), FakeTimers()
+    pending, progress, letters_due, end = FakeBag(), FakeValue(), FakeTimers(), FakeTimers()
     deadline = FakeTimers()
     state = {"pending": pending, "progress_state": progress, "deadline": deadline}
     # The last two: a request more than a window ahead of the rest, alone, moves no clock.

@@ -116,13 +116,18 @@ def keep_arriving(
     return (batch.select(keep) if keep.any() else None), letters
 
 
+def row_identity(row: np.void) -> bytes:
+    """What a letter names of a hashed request, its text gone: its time and lengths."""
+    return json.dumps(
+        {key: int(row[key]) for key in ("timestamp_ms", "input_length", "output_length")}
+    ).encode()
+
+
 def _letter(
     row: np.void, bulk_kind: str, first: int, last: int, withhold: bool = False
 ) -> DeadLetter:
     ms = int(row["timestamp_ms"])
-    identity = json.dumps(
-        {key: int(row[key]) for key in ("timestamp_ms", "input_length", "output_length")}
-    ).encode()
+    identity = row_identity(row)
     kind = timestamp_kind(ms)
     if kind != bulk_kind:
         return DeadLetter(

@@ -119,6 +119,8 @@ class Progress:
     rejected: int = 0  # the operator's count (RUN_COUNTS), never published
     # The writer's: why a window could not be published; every later one is letters then.
     failed: str | None = None
+    # The writer's: requests read that no write could publish nor letter (a full disk twice).
+    unwritten: int = 0
     far: int = 0  # requests off the anchor lettered since the last warning (the controller's)
 
     def hold(self, window: int, timestamps: np.ndarray) -> None:
