@@ -475,9 +475,9 @@ class PublishWindows(beam.DoFn):
         come: how many, and the remedy."""
         if progress.far:
             logging.warning(
-                "%d requests lie more than %d days from the rows the stream published (or are "
-                "of the other kind of time): dead letters (%s); a producer whose clock moved "
-                "for good needs a stream of its own (a new --output)",
+                "%d requests lie more than %d days from the run of days the stream publishes "
+                "(or are of the other kind of time): dead letters (%s); a producer whose clock "
+                "moved for good needs a stream of its own (a new --output)",
                 progress.far,
                 MAX_GAP_DAYS,
                 IMPLAUSIBLE_TIMESTAMP,

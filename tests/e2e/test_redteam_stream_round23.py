@@ -194,15 +194,28 @@ def test_a_stream_quiet_for_over_a_week_publishes_its_next_windows_at_their_dead
     and an hour of the source's clock later their window is still not due."""
     from helpers import MINUTE, streaming_config
     from kvtrace.pipelines.anonymize_streaming import Progress
+    from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+    from kvtrace.transforms.encode.timestamp_kinds import keep_arriving, sum_kind_counts
 
     config = streaming_config(tmp_path, "x")
     now = 1_800_000_000_000  # the source's clock
     progress = Progress()
+
+    def held(window: int, times: list[int], arrived: int) -> None:
+        """As the controller holds requests once anchored: judged first (PublishWindows._wait)."""
+        batch = HashedBatch.pack(
+            [HashedRequest(t, i, 1, 1, b"", None) for i, t in enumerate(times)]
+        )
+        anchor = sum_kind_counts([progress.published_days, progress.waiting])
+        kept, _ = keep_arriving(batch, anchor)
+        if kept is not None:
+            progress.saw(config, window, kept.requests["timestamp_ms"], arrived)
+
     progress.saw(config, 0, [10_000 + i for i in range(6)], now)
     progress.publish(0)
     after = 8 * DAY  # the window after the quiet spell
-    progress.saw(config, after, [after + 1, after + 2, after + 3], now + 1)
-    progress.saw(config, after + 2 * MINUTE, [after + 2 * MINUTE], now + 2)  # past its deadline
+    held(after, [after + 1, after + 2, after + 3], now + 1)
+    held(after + 2 * MINUTE, [after + 2 * MINUTE], now + 2)  # past its deadline
     # Decided by then: due (published, or its requests letters as the batch job's rule has
     # them while they are fewer), or no longer held.
     assert after in progress.due(config, now + HOUR) or after not in progress.passed_ms

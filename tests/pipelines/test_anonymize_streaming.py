@@ -754,8 +754,8 @@ def test_a_stream_resumed_past_the_rules_gap_letters_what_its_audit_would_refuse
     reasons = [letter["error"] for letter in letters(Path(config.job.dead_letter))]
     assert reasons == ["implausible_timestamp"] * 6
     assert [text for text in warned if "lie more than 7 days" in text] == [
-        "6 requests lie more than 7 days from the rows the stream published (or are of the "
-        "other kind of time): dead letters (implausible_timestamp); a producer whose clock "
+        "6 requests lie more than 7 days from the run of days the stream publishes (or are of "
+        "the other kind of time): dead letters (implausible_timestamp); a producer whose clock "
         "moved for good needs a stream of its own (a new --output)"
     ]
     assert gate.audit(config.job.output, tiny_tokenizer)["publishable"]

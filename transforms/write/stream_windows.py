@@ -310,10 +310,10 @@ class Progress:
                 if passed is None:
                     break
                 wanted[self.order[place]] = passed
+        # Once anchored every open window lies in the anchor's run: the controller holds only
+        # requests judged against it (keep_arriving), and the days it letters or publishes
+        # never split the run (tests: test_an_anchored_stream_holds_no_window_off_its_run).
         if self.published_ms is not None:
-            if sum(map(len, runs)) < len(self.order):  # off the anchor (a state judged
-                held = set().union(*runs)  # without it): judged at once
-                wanted.update({w: self.window_arrived[w] for w in self.order if w not in held})
             clocked = runs[0] if runs else []
         else:
             first, last = plausible_days(self.waiting)

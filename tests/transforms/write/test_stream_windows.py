@@ -86,23 +86,47 @@ def test_requests_beyond_a_gap_wait_for_the_streams_clock():
 
 def test_requests_ahead_never_outvote_the_published_rows():
     """Once windows are published, their rows anchor the stream: requests more than MAX_GAP_DAYS
-    from them, however many (a reset, a clock years ahead), have no clock, and are
-    judged with the published rows' days (letters), never the bulk of a judgement of their own;
-    a request within MAX_GAP_DAYS of what waits beside the rows is kept."""
-    config = Windows()
+    from them, however many (a reset, a clock years ahead), are judged with the published rows'
+    days (letters), never the bulk of a judgement of their own; a request within MAX_GAP_DAYS
+    of what waits beside the rows is kept."""
     progress = Progress()
-    progress.saw(config, 0, [0, 10_000, 20_000], NOW)
+    progress.saw(Windows(), 0, [0, 10_000, 20_000], NOW)
     progress.publish(0)
-    for n in range(7):
-        progress.saw(config, RESET + n * MINUTE, [RESET + n * MINUTE + 1], NOW + 1)
-    # No clock of theirs; held (a state judged without the anchor), they are judged at once.
-    assert progress.clocks(config) == {}
-    assert progress.timers(config) == {RESET + n * MINUTE: NOW + 1 for n in range(7)}
     ahead = [(RESET + n * MINUTE, requests_at(RESET + n * MINUTE + 1)) for n in range(7)]
     near = [(6 * DAY, requests_at(6 * DAY)), (13 * DAY, requests_at(13 * DAY))]
     kept, strays = keep_plausible_windows(ahead + near, progress.published_days)
     assert [window for window, _ in kept] == [6 * DAY, 13 * DAY]
     assert [letter.reason for letter in strays] == ["implausible_timestamp"] * 7
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 3, 6, 8, 13, 16, 30, 365]), st.booleans()),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_an_anchored_stream_holds_no_window_off_its_run(arrivals):
+    """As the controller holds requests once anchored (each judged on arrival against the
+    published rows and what waits, keep_arriving) and publishes the oldest open window: every
+    open window lies in the anchor's run (runs() covers them all), so Progress.timers needs no
+    rule for a window off it."""
+    config = Windows()
+    progress = Progress()
+    progress.saw(config, 0, [1_000], NOW)
+    progress.publish(0)
+    for n, (day, publish) in enumerate(arrivals):
+        event_ms = day * DAY + MINUTE + n
+        anchor = {**progress.published_days}
+        for held_day, held in progress.waiting.items():
+            anchor[held_day] = anchor.get(held_day, 0) + held
+        kept, _ = keep_arriving(requests_at(event_ms), anchor)
+        if kept is not None:
+            progress.saw(config, event_ms // MINUTE * MINUTE, [event_ms], NOW + n)
+        if publish and progress.order:
+            progress.publish(progress.order[0])
+        assert sum(map(len, progress.runs())) == len(progress.order)
 
 
 def test_idle_time_alone_never_fixes_the_zero():
