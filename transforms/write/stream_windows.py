@@ -409,6 +409,7 @@ class Progress:
             self.published_days[day] = self.published_days.get(day, 0) + held
             self.published_latest_ms = max(latest, self.published_latest_ms or latest)
         self.published_ms, self.windows = window, self.windows + 1
+        self.segments, self.firsts, self.passing = {}, [], set()  # anchored: one clock now
         return window_name(self.windows - 1)
 
     def last_published(self) -> str:
