@@ -443,11 +443,12 @@ class SpecialTokens:
 
 def special_tokens(tokenizer: Any) -> SpecialTokens | None:
     """What the post-processor adds to one sequence, found by construction: PROBE_TEXT encoded
-    with and without special tokens (with them, every backend encodes by the reference
-    tokenizer), the ids without a run of those with."""
+    by the reference tokenizer (the same for every backend, and no backend's sample counted)
+    with and without special tokens, the ids without a run of those with."""
     backend = tokenizer.backend_tokenizer
+    reference = getattr(backend, "reference", backend)  # a fast backend's (fast_backend.py)
     bare, wrapped = (
-        backend.encode_batch_fast([PROBE_TEXT], add_special_tokens=add)[0].ids
+        reference.encode_batch_fast([PROBE_TEXT], add_special_tokens=add)[0].ids
         for add in (False, True)
     )
     for start in range(len(wrapped) - len(bare) + 1):

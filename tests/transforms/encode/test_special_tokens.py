@@ -193,3 +193,19 @@ def test_special_tokens_that_depend_on_the_library_version_are_a_letter(tiny_tok
     config_path.write_text(json.dumps(config))
     rows, letters = _rows(str(folder), [_parsed({"prompt": TEXT})])
     assert (rows, letters) == ([], ["unsupported_request"])
+
+
+def test_the_probe_encodes_by_the_reference_whatever_the_backend(
+    qwen3_tokenizer, deepseek_tokenizer
+):
+    """A fast backend whose ids differ (Qwen3's, checked against DeepSeek-R1's): the probe is
+    the reference's alone, so it finds the reference's answer, and counts no backend sample."""
+    pytest.importorskip("fastokens")
+    from kvtrace.transforms.encode.fast_backend import FASTOKENS, VerifiedBackend
+    from kvtrace.transforms.encode.tokenize import encoding_tokenizer
+
+    fast = encoding_tokenizer(qwen3_tokenizer, FASTOKENS).backend_tokenizer._fast
+    reference = load_tokenizer(deepseek_tokenizer)
+    backend = VerifiedBackend(fast, reference.backend_tokenizer)
+    assert special_tokens(reference.encoding_with(backend)) == SpecialTokens(b"", b"")
+    assert (backend.fallback, backend.checked) == (None, 0)
