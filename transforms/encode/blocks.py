@@ -40,14 +40,21 @@ def chain_seed(salt: bytes) -> bytes:
     return xxhash.xxh3_128_digest(b"kvtrace-chain-seed\0" + salt)
 
 
-def request_chain_seed(seed: bytes, cache_salt: str | None) -> bytes:
+def cache_salt_bytes(cache_salt: str | None) -> bytes | None:
+    """A request's cache salt as the bytes its ids are keyed with (request_chain_seed, and the
+    row's fingerprint): built once, so both key by the one encoding."""
+    return None if cache_salt is None else cache_salt.encode("utf-8", "surrogatepass")
+
+
+def request_chain_seed(seed: bytes, cache_salt: bytes | None) -> bytes:
     """The chain seed of one request: the run's (seed), or for a request the engine cached
-    apart by its cache salt, the run's keyed with that salt (HMAC-SHA256, cut to a digest), so
-    requests of different salts share no block hash, requests of one salt share theirs, and
-    the salt itself is never in a hash anyone could check a guess against without the run's."""
+    apart by its cache salt (cache_salt_bytes), the run's keyed with that salt (HMAC-SHA256,
+    cut to a digest), so requests of different salts share no block hash, requests of one salt
+    share theirs, and the salt itself is never in a hash anyone could check a guess against
+    without the run's."""
     if cache_salt is None:
         return seed
-    message = b"kvtrace-cache-salt\0" + cache_salt.encode("utf-8", "surrogatepass")
+    message = b"kvtrace-cache-salt\0" + cache_salt
     return hmac.new(seed, message, hashlib.sha256).digest()[:DIGEST_SIZE]
 
 

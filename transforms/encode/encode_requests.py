@@ -15,6 +15,7 @@ from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.encode.blocks import (
     DIGEST_SIZE,
     TOKEN_DTYPE,
+    cache_salt_bytes,
     chain_seed,
     keyed_digest,
     request_chain_seed,
@@ -38,7 +39,13 @@ from kvtrace.transforms.encode.segment_cache import (
     SegmentCache,
     SegmentEncoder,
 )
-from kvtrace.transforms.encode.tokenize import check_rendered, checked_tokenizer, render_chat
+from kvtrace.transforms.encode.tokenize import (
+    SpecialTokens,
+    check_rendered,
+    checked_tokenizer,
+    render_chat,
+    special_tokens,
+)
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.measured import NOT_MEASURED
 from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES, Request
@@ -75,13 +82,11 @@ def hash_request(
     # Hashed answers are ids of the row: the fingerprint covers them, so requests it leaves
     # tied hold the same ids and the one order (row_order.py) numbers and sorts alike. An
     # empty answer hashes into no ids: as none. A cache salt keys the ids: covered too.
-    salted = (
-        () if request.cache_salt is None else (request.cache_salt.encode("utf-8", "surrogatepass"),)
-    )
+    salt = cache_salt_bytes(request.cache_salt)
     fingerprint = request_fingerprint(
         None,
         block_size,
-        (data, *salted),
+        (data,) if salt is None else (data, salt),
         None,
         input_length,
         output_length,
@@ -89,7 +94,7 @@ def hash_request(
         output_data or None,
     )
     parent_key, named_by = link_keys(session, request.continues, request.links, seed)
-    chain = request_chain_seed(seed, request.cache_salt)  # block hashes only: ids, not sessions
+    chain = request_chain_seed(seed, salt)  # block hashes only: ids, not sessions
     return HashedRequest(
         timestamp_ms=request.timestamp_ms,
         fingerprint=fingerprint,
@@ -111,6 +116,37 @@ def hash_request(
         link_keys=named_by,
         links_digest=links_digest(request.continues, request.links),
     )
+
+
+def served_tokens(request: Request, content: bytes, specials: SpecialTokens | None) -> bytes:
+    """The prompt's token_bytes as the engine tokenized it: its content's (content), within the
+    special tokens the tokenizer adds where the request's add_special_tokens is true, cut to
+    truncate_tokens as the tokenizer truncates: the special tokens kept, the content cut to
+    the rest (none, if they fill it), from truncation_side ("left": its last tokens kept).
+    Raises Rejected where the tokenizer's special tokens are not known exactly, or are more
+    than truncate_tokens."""
+    prefix = suffix = b""
+    if request.add_special_tokens:
+        if specials is None:
+            raise Rejected(
+                "unsupported_request",
+                "add_special_tokens true: the tokenizer's special tokens for one sequence are "
+                "not known exactly",
+            )
+        prefix, suffix = specials.prefix, specials.suffix
+    if request.truncate_tokens is not None:
+        room = request.truncate_tokens * TOKEN_DTYPE.itemsize - len(prefix) - len(suffix)
+        if room < 0:  # fewer than the special tokens: what the tokenizer does is not known
+            raise Rejected(
+                "unsupported_request",
+                f"truncate_prompt_tokens {request.truncate_tokens}: fewer than the special "
+                "tokens the tokenizer adds",
+            )
+        keep = min(room, len(content))
+        content = (
+            content[len(content) - keep :] if request.truncation_side == "left" else content[:keep]
+        )
+    return prefix + content + suffix
 
 
 def row_ids(hashed: HashedRequest) -> int:
@@ -187,6 +223,8 @@ class RequestEncoder:
         self._block_size = options.block_size
         self._max_record_bytes = options.max_record_bytes
         self._seed = seed
+        # What the tokenizer adds with add_special_tokens, probed once (a capture run: nothing)
+        self._specials = None if tokenizer is None else special_tokens(tokenizer)
 
     def encode(self, batch: Iterable[Request]) -> tuple[HashedBatch | None, list[DeadLetter]]:
         rendered, rejected = self.render(batch)
@@ -264,8 +302,11 @@ class RequestEncoder:
                     )
                 )
                 continue
-            if request.keep_last_tokens is not None:  # the engine keeps the prompt's last N
-                data = data[-request.keep_last_tokens * TOKEN_DTYPE.itemsize :]
+            try:
+                data = served_tokens(request, data, self._specials)
+            except Rejected as err:
+                rejected.append(request.letter(err.reason, err.message))
+                continue
             if generated is not None:
                 output_length = len(generated) // TOKEN_DTYPE.itemsize
             else:

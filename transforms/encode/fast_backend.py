@@ -291,6 +291,11 @@ class VerifiedBackend:
         self.checked = 0  # sampled texts encoded by both
 
     @property
+    def reference(self) -> Any:
+        """The reference tokenizer itself: what a probe of its configuration encodes with."""
+        return self._reference
+
+    @property
     def pre_tokenizer(self) -> Any:
         return self._reference.pre_tokenizer
 

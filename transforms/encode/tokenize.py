@@ -13,11 +13,13 @@ import logging
 import os
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from kvtrace.transforms.encode.blocks import token_bytes
 from kvtrace.transforms.encode.fallible_tokenizer import FallibleTokenizer, token_ids
 from kvtrace.transforms.encode.fast_backend import DEFAULT_BACKEND, TOKENIZERS, choose_backend
 from kvtrace.transforms.encode.fast_tokenizer import (
@@ -427,3 +429,31 @@ def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     ValueError in one line."""
     encoded = FallibleTokenizer(tokenizer.backend_tokenizer).encode_or_raise(texts)
     return [token_ids(data).tolist() for data in encoded]
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The token ids a tokenizer's post-processor adds around one sequence when asked to add
+    special tokens (a BOS before it, an EOS after), as token_bytes; None where that cannot be
+    told exactly (the probe's own ids are not a run of what it adds them to)."""
+
+    prefix: bytes
+    suffix: bytes
+
+
+def special_tokens(tokenizer: Any) -> SpecialTokens | None:
+    """What the post-processor adds to one sequence, found by construction: PROBE_TEXT encoded
+    by the reference tokenizer (the same for every backend, and no backend's sample counted)
+    with and without special tokens, the ids without a run of those with."""
+    backend = tokenizer.backend_tokenizer
+    reference = getattr(backend, "reference", backend)  # a fast backend's (fast_backend.py)
+    bare, wrapped = (
+        reference.encode_batch_fast([PROBE_TEXT], add_special_tokens=add)[0].ids
+        for add in (False, True)
+    )
+    for start in range(len(wrapped) - len(bare) + 1):
+        if wrapped[start : start + len(bare)] == bare:
+            return SpecialTokens(
+                token_bytes(wrapped[:start]), token_bytes(wrapped[start + len(bare) :])
+            )
+    return None

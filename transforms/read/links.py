@@ -43,7 +43,7 @@ def in_conversation(key: str) -> bool:
 def continued(messages: list[dict[str, Any]] | None) -> str | None:
     """The link of the request this one continues: the call its newest tool result answers;
     None when it names none. (A `previous_response_id` is a stored_context letter before links
-    are read: records.STORED_CONTEXT_FIELDS.)"""
+    are read: records.API_FIELDS.)"""
     trailing = []
     for message in reversed(messages or []):
         if message.get("role") != "tool":

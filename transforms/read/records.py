@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,8 +238,11 @@ class Request:
     continues: str | None = None
     # Template variables the request sets for itself (chat.template_settings), over the run's
     template_kwargs: dict[str, Any] | None = None
-    # The prompt's last tokens the engine kept (truncate_prompt_tokens); None: all of them
-    keep_last_tokens: int | None = None
+    # The prompt's tokens the engine kept (truncate_prompt_tokens), from truncation_side's end
+    # ("left": its last); None: all of them. add_special_tokens as the engine applied it.
+    truncate_tokens: int | None = None
+    truncation_side: str = "left"
+    add_special_tokens: bool = False
     # The engine's cache salt (private: it seeds the request's chain, encode/blocks.py)
     cache_salt: str | None = None
 
@@ -464,7 +467,6 @@ def _request(
     _check_unaltered(body, line)
     sent = chat.request_fields(record, body)
     _check_one_sequence(sent, response)
-    _check_no_stored_context(sent)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
         budget = ContainerBudget(record_containers(options.max_record_bytes))
@@ -480,8 +482,7 @@ def _request(
         fields["input_ids"] = _token_ids(body.get("input_ids"))
     else:
         raise Rejected("no_input", "no messages, input, prompt or input_ids")
-    fields |= _tokenizing_fields(sent, fields["kind"])
-    fields["cache_salt"] = _cache_salt(sent)
+    fields |= _api_fields(sent, kind, _request_api(kind, body, sent.get("tools")), response)
 
     ts = _timestamp(record, body, response, options.timestamp_unit)
     if ts is None:
@@ -651,85 +652,153 @@ def _check_unaltered(body: dict[str, Any], line: bytes) -> None:
         ]
 
 
-# Request fields naming server-side state the engine prepends to the request's own input (the
-# Responses API's stored response or conversation): the prompt it rendered is not in the log.
-STORED_CONTEXT_FIELDS = ("previous_response_id", "conversation")
+# The APIs a request may come to the engine by: each declares its own request fields.
+CHAT_COMPLETIONS, COMPLETIONS, RESPONSES, ANTHROPIC = (
+    "chat completions",
+    "completions",
+    "responses",
+    "anthropic messages",
+)
+# The engine's add_special_tokens where a request gives none: a chat's template writes its own
+# special tokens; a completions prompt gets the tokenizer's. (Token ids get none: read below.)
+SPECIAL_TOKENS_DEFAULT = {CHAT_COMPLETIONS: False, COMPLETIONS: True, RESPONSES: False}
+TRUNCATION_SIDES = ("left", "right")
+CACHE_SALT = "cache_salt"
+# The strictest engine's cache salt: 1 to 128 characters, none a separator of its cache keys.
+MAX_CACHE_SALT_CHARS = 128
+CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
 
 
-def _check_no_stored_context(sent: dict[str, Any]) -> None:
-    """Refuse a request naming state the server holds (STORED_CONTEXT_FIELDS): its prompt is
-    that state and its new input, and the log holds only the input."""
-    for name in STORED_CONTEXT_FIELDS:
-        if sent.get(name) is not None:
-            raise Rejected(
-                "stored_context",
-                f"{name}: the engine prepended a stored conversation the log does not hold",
-            )
+# A request field's reader: its value and the logged response in, the Request fields it gives
+# out (or Rejected).
+FieldReader = Callable[[Any, "dict | list | None"], dict[str, Any]]
 
 
-def _kept_tokens(value: Any, kind: str) -> dict[str, Any]:
-    """truncate_prompt_tokens: N >= 1 keeps the prompt's last N tokens (the engine truncates
-    from the left); -1 (the model's length, which no log says) and what the engine refuses
-    are letters."""
+def _request_api(kind: str, body: dict[str, Any], tools: Any) -> str:
+    """The API a request of this kind and body came by (its fields are that API's)."""
+    if kind != "chat":
+        return COMPLETIONS
+    if body.get("messages") is None:
+        return RESPONSES
+    return ANTHROPIC if chat.is_anthropic(body, tools) else CHAT_COMPLETIONS
+
+
+def _stored_context(name: str) -> FieldReader:
+    """A field naming context the engine prepends to the request's own input, which the log does
+    not hold (a stored response or conversation, or earlier turns the reader does not model)."""
+
+    def read(value: Any, response: dict | list | None) -> dict[str, Any]:
+        raise Rejected(
+            "stored_context",
+            f"{name}: the engine prepended earlier context the trace cannot rebuild",
+        )
+
+    return read
+
+
+def _kept_tokens(value: Any, response: dict | list | None) -> dict[str, Any]:
+    """truncate_prompt_tokens: N >= 1 keeps N of the prompt's tokens; -1 the model's length,
+    which the engine's own prompt token count says (else a letter)."""
     if type(value) is not int:
         raise Rejected("wrong_type", f"truncate_prompt_tokens is {type_name(value)}")
     if value == -1:
-        raise Rejected(
-            "unsupported_request",
-            "truncate_prompt_tokens -1: the prompt cut to the model's length, which the log "
-            "does not say",
-        )
+        return _model_length("truncate_prompt_tokens -1", response)
     if value < 1:
         raise Rejected("invalid_request", f"truncate_prompt_tokens {str(value)[:32]} is below 1")
-    return {"keep_last_tokens": value}
+    return {"truncate_tokens": value}
 
 
-# The add_special_tokens values the encoding serves as the engine does, per kind of request: a
-# chat's template writes its special tokens (the engine's default, false); a prompt is
-# tokenized as given (docs/ANONYMIZE.md); token ids are not tokenized. The encoding tokenizes
-# a batch's texts alike, so another value is a letter, not a path of its own.
-SPECIAL_TOKENS_SERVED = {"chat": (False,), "prompt": (False, True), "tokens": (False, True)}
-
-
-def _special_tokens(value: Any, kind: str) -> dict[str, Any]:
-    if type(value) is not bool:
-        raise Rejected("wrong_type", f"add_special_tokens is {type_name(value)}")
-    if value not in SPECIAL_TOKENS_SERVED.get(kind, ()):
+def _model_length(what: str, response: dict | list | None) -> dict[str, Any]:
+    """A prompt cut to the model's length: as long as the engine counted it, which the log says
+    or the request is a letter."""
+    prompt_tokens = _prompt_tokens(response)
+    if prompt_tokens is None:
         raise Rejected(
             "unsupported_request",
-            f"add_special_tokens {str(value).lower()} on a {kind} request: the engine adds "
-            "tokens the encoding does not",
+            f"{what}: the prompt cut to the model's length, and the log holds no prompt token "
+            "count that says it",
         )
+    return {"truncate_tokens": prompt_tokens}
+
+
+def _responses_truncation(value: Any, response: dict | list | None) -> dict[str, Any]:
+    """The Responses API's truncation: "auto" cuts to the model's length, "disabled" nothing."""
+    if type(value) is not str:
+        raise Rejected("wrong_type", f"truncation is {type_name(value)}")
+    if value == "auto":
+        return _model_length('truncation "auto"', response)
+    if value != "disabled":
+        raise Rejected("invalid_request", f"truncation {value[:32]!r} is not auto or disabled")
     return {}
 
 
-# Request fields that change what the engine tokenizes, each read as the engine applies it, or
-# refused: one table, so none is read elsewhere nor left unread (docs/ANONYMIZE.md).
-TOKENIZING_FIELDS = {"truncate_prompt_tokens": _kept_tokens, "add_special_tokens": _special_tokens}
+def _truncation_side(value: Any, response: dict | list | None) -> dict[str, Any]:
+    if type(value) is not str:
+        raise Rejected("wrong_type", f"truncation_side is {type_name(value)}")
+    if value not in TRUNCATION_SIDES:
+        raise Rejected("invalid_request", f"truncation_side {value[:32]!r} is not left or right")
+    return {"truncation_side": value}
 
 
-def _tokenizing_fields(sent: dict[str, Any], kind: str) -> dict[str, Any]:
-    """The Request fields the request's TOKENIZING_FIELDS give (null: not given)."""
-    fields: dict[str, Any] = {}
-    for name, read in TOKENIZING_FIELDS.items():
+def _special_tokens(value: Any, response: dict | list | None) -> dict[str, Any]:
+    if type(value) is not bool:
+        raise Rejected("wrong_type", f"add_special_tokens is {type_name(value)}")
+    return {"add_special_tokens": value}
+
+
+def _cache_salt(value: Any, response: dict | list | None) -> dict[str, Any]:
+    """The engine's cache salt, as the strictest engine takes it (else the request fails)."""
+    if type(value) is not str:
+        raise Rejected("wrong_type", f"{CACHE_SALT} is {type_name(value)}")
+    if not 1 <= len(value) <= MAX_CACHE_SALT_CHARS:
+        raise Rejected("invalid_request", f"{CACHE_SALT} of {len(value)} characters, not 1 to 128")
+    if CACHE_SALT_FORBIDDEN.intersection(value):
+        raise Rejected("invalid_request", f"{CACHE_SALT} holds @, /, \\ or NUL")
+    return {"cache_salt": value}
+
+
+_TOKENIZING: dict[str, FieldReader] = {
+    "truncate_prompt_tokens": _kept_tokens,
+    "truncation_side": _truncation_side,
+    "add_special_tokens": _special_tokens,
+    CACHE_SALT: _cache_salt,
+}
+# The request fields that change what the engine tokenizes or caches, or name context the log
+# does not hold, per API: each lists only the fields that API's request declares in the engine,
+# read as the engine applies them, or refused; a field an API does not declare is ignored, as
+# the engine ignores it. One table, so none is read elsewhere (docs/ANONYMIZE.md).
+API_FIELDS: dict[str, dict[str, FieldReader]] = {
+    CHAT_COMPLETIONS: _TOKENIZING,
+    COMPLETIONS: _TOKENIZING,
+    RESPONSES: {
+        "truncation": _responses_truncation,
+        CACHE_SALT: _cache_salt,
+        **{
+            name: _stored_context(name)
+            for name in (
+                "previous_response_id",
+                "previous_response",
+                "previous_input_messages",
+                "conversation",
+            )
+        },
+    },
+    ANTHROPIC: {},
+}
+
+
+def _api_fields(
+    sent: dict[str, Any], kind: str, api: str, response: dict | list | None
+) -> dict[str, Any]:
+    """The Request fields the request's API's API_FIELDS give (null: not given), over that
+    API's add_special_tokens default; token ids get no special tokens, whatever the field."""
+    fields: dict[str, Any] = {"add_special_tokens": SPECIAL_TOKENS_DEFAULT.get(api, False)}
+    for name, read in API_FIELDS[api].items():
         if sent.get(name) is not None:
-            fields |= read(sent[name], kind)
+            fields |= read(sent[name], response)
+    if kind == "tokens":
+        fields["add_special_tokens"] = False
     return fields
-
-
-CACHE_SALT = "cache_salt"
-
-
-def _cache_salt(sent: dict[str, Any]) -> str | None:
-    """The engine's cache salt: a non-empty string (the engine refuses an empty one)."""
-    salt = sent.get(CACHE_SALT)
-    if salt is None:
-        return None
-    if type(salt) is not str:
-        raise Rejected("wrong_type", f"{CACHE_SALT} is {type_name(salt)}")
-    if not salt:
-        raise Rejected("invalid_request", f"{CACHE_SALT} is empty")
-    return salt
 
 
 # Sampling parameters by which the engine generates more than one sequence a request (their
@@ -948,6 +1017,21 @@ def _cached_tokens(record: dict, response: dict | list | None) -> int | None:
                 value = value.get(path[1])
             if value is not None:
                 return _count(value, "usage." + ".".join(path))
+    return None
+
+
+# Where a usage object keeps the engine's prompt token count (shapes.USAGE), first found wins.
+PROMPT_TOKEN_FIELDS = ("prompt_tokens", "input_tokens")
+
+
+def _prompt_tokens(response: dict | list | None) -> int | None:
+    """The prompt tokens the engine counted: the last usage that says (a stream's final chunk)."""
+    chunks = response if isinstance(response, list) else [response]
+    for holder in reversed(chunks):
+        usage = holder.get("usage") if isinstance(holder, dict) else None
+        for name in PROMPT_TOKEN_FIELDS if isinstance(usage, dict) else ():
+            if usage.get(name) is not None:
+                return _count(usage[name], "usage." + name)
     return None
 
 

@@ -73,6 +73,6 @@ def test_a_requests_chain_seed_is_the_runs_keyed_by_its_cache_salt():
     which another run's salt or another cache salt never gives."""
     run, other = chain_seed(b"r" * 32), chain_seed(b"o" * 32)
     assert request_chain_seed(run, None) == run
-    seeds = {request_chain_seed(s, c) for s in (run, other) for c in ("a", "b")}
+    seeds = {request_chain_seed(s, c) for s in (run, other) for c in (b"a", b"b")}
     assert len(seeds | {run, other}) == 6
-    assert request_chain_seed(run, "a") == request_chain_seed(run, "a")
+    assert request_chain_seed(run, b"a") == request_chain_seed(run, b"a")

@@ -141,6 +141,6 @@ def test_a_cache_salt_under_an_engine_hash_scheme_is_a_letter():
 
 def test_a_truncated_prompt_keeps_its_last_tokens():
     """truncate_prompt_tokens N: the engine keeps the prompt's last N tokens, so do the ids."""
-    rows, letters = _encoded(_tokens([1, 2, 3, 4, 5, 6], keep_last_tokens=3), _tokens([4, 5, 6]))
+    rows, letters = _encoded(_tokens([1, 2, 3, 4, 5, 6], truncate_tokens=3), _tokens([4, 5, 6]))
     assert letters == [] and rows[0] == rows[1] and rows[0][0] == 3
-    assert _encoded(_tokens([1, 2], keep_last_tokens=5))[0][0][0] == 2
+    assert _encoded(_tokens([1, 2], truncate_tokens=5))[0][0][0] == 2

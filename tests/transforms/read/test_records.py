@@ -952,8 +952,8 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens_wherever_the_request_says_
         record = {"request": {"messages": USER, **fields}, **TS}
     else:  # LiteLLM's payload: the engine's own parameters under model_parameters.extra_body
         record = {"messages": USER, "model_parameters": {"extra_body": fields}, **TS}
-    assert parse(record).keep_last_tokens == 32
-    assert parse({"messages": USER, **TS}).keep_last_tokens is None
+    assert parse(record).truncate_tokens == 32
+    assert parse({"messages": USER, **TS}).truncate_tokens is None
 
 
 @pytest.mark.parametrize(
@@ -971,28 +971,92 @@ def test_a_truncation_the_engine_cannot_be_followed_in_is_a_letter(value, refuse
     assert reason({"prompt": "p", "truncate_prompt_tokens": value, **TS}) == refused
 
 
+def test_truncate_prompt_tokens_minus_one_keeps_what_the_engine_counted():
+    """-1 cuts to the model's length: the engine's own prompt token count says how long."""
+    usage = {"usage": {"prompt_tokens": 40, "completion_tokens": 2}}
+    record = {"prompt": "p", "truncate_prompt_tokens": -1, "response": usage, **TS}
+    assert parse(record).truncate_tokens == 40
+
+
+@pytest.mark.parametrize(
+    "side, kept, refused",
+    [(None, "left", None), ("left", "left", None), ("right", "right", None)]
+    + [("middle", None, "invalid_request"), (1, None, "wrong_type")],
+)
+def test_truncation_side_says_which_end_is_kept(side, kept, refused):
+    record = {"prompt": "p", "truncate_prompt_tokens": 4, "truncation_side": side, **TS}
+    if refused is None:
+        assert parse(record).truncation_side == kept
+    else:
+        assert reason(record) == refused
+
+
+RESPONSES_INPUT = {"input": "hello there"}
+ANTHROPIC = {"system": "s", "messages": USER, "max_tokens": 5}
+
+
+@pytest.mark.parametrize(
+    "record, special",
+    [
+        ({"messages": USER}, False),  # a chat's template writes its own special tokens
+        ({"messages": USER, "add_special_tokens": True}, True),
+        ({"prompt": "p"}, True),  # a completions prompt gets the tokenizer's
+        ({"prompt": "p", "add_special_tokens": False}, False),
+        ({"input_ids": [1, 2], "add_special_tokens": True}, False),  # ids get none
+        ({**RESPONSES_INPUT, "add_special_tokens": True}, False),  # not the API's field
+        ({**ANTHROPIC, "add_special_tokens": True}, False),  # not the API's field
+    ],
+)
+def test_add_special_tokens_is_each_apis_default_unless_its_request_says(record, special):
+    assert parse({**record, **TS}).add_special_tokens is special
+
+
+def test_add_special_tokens_of_another_type_is_a_letter():
+    assert reason({"prompt": "p", "add_special_tokens": "yes", **TS}) == "wrong_type"
+
+
+@pytest.mark.parametrize(
+    "record, truncate, salt",
+    [
+        # fields the API's request does not declare: ignored, as the engine ignores them
+        ({**ANTHROPIC, "cache_salt": "t", "truncate_prompt_tokens": 4}, None, None),
+        ({**RESPONSES_INPUT, "truncate_prompt_tokens": 4}, None, None),
+        ({**RESPONSES_INPUT, "truncation": "disabled", "cache_salt": "t"}, None, "t"),
+        (
+            {
+                **RESPONSES_INPUT,
+                "truncation": "auto",
+                "response": {"output": [], "usage": {"input_tokens": 9}},
+            },
+            9,
+            None,
+        ),
+    ],
+)
+def test_each_api_reads_only_the_fields_its_request_declares(record, truncate, salt):
+    request = parse({**record, **TS})
+    assert (request.truncate_tokens, request.cache_salt) == (truncate, salt)
+
+
 @pytest.mark.parametrize(
     "record, refused",
     [
-        ({"messages": USER, "add_special_tokens": True}, "unsupported_request"),
-        ({"messages": USER, "add_special_tokens": False}, None),  # the chat's default
-        ({"prompt": "p", "add_special_tokens": False}, None),  # as the encoding tokenizes it
-        ({"prompt": "p", "add_special_tokens": True}, None),  # the completions default
-        ({"input_ids": [1, 2], "add_special_tokens": True}, None),  # ids are not tokenized
-        ({"prompt": "p", "add_special_tokens": "yes"}, "wrong_type"),
+        ({**RESPONSES_INPUT, "truncation": "auto"}, "unsupported_request"),  # no count logged
+        ({**RESPONSES_INPUT, "truncation": "middle"}, "invalid_request"),
+        ({**RESPONSES_INPUT, "truncation": True}, "wrong_type"),
+        ({"messages": USER, "truncate_prompt_tokens": -1}, "unsupported_request"),
     ],
 )
-def test_add_special_tokens_other_than_the_encoding_serves_is_a_letter(record, refused):
-    if refused is None:
-        parse({**record, **TS})
-    else:
-        assert reason({**record, **TS}) == refused
+def test_a_truncation_to_a_length_the_log_does_not_say_is_a_letter(record, refused):
+    assert reason({**record, **TS}) == refused
 
 
-def test_a_cache_salt_is_read_as_a_non_empty_string():
+def test_a_cache_salt_is_read_as_the_strictest_engine_takes_it():
     assert parse({"messages": USER, "cache_salt": "tenant-a", **TS}).cache_salt == "tenant-a"
+    assert parse({"messages": USER, "cache_salt": "a" * 128, **TS}).cache_salt == "a" * 128
     assert parse({"messages": USER, **TS}).cache_salt is None
-    assert reason({"messages": USER, "cache_salt": "", **TS}) == "invalid_request"
+    for salt in ("", "a" * 129, "a@b", "a/b", "a\\b", "a\x00b"):
+        assert reason({"messages": USER, "cache_salt": salt, **TS}) == "invalid_request", salt
     assert reason({"messages": USER, "cache_salt": 7, **TS}) == "wrong_type"
 
 
@@ -1003,6 +1067,8 @@ def test_a_cache_salt_is_read_as_a_non_empty_string():
         {"conversation": "conv_1"},
         {"conversation": {"id": "conv_1"}},
         {"model_parameters": {"previous_response_id": "resp_1"}},
+        {"previous_input_messages": [{"role": "user", "content": "earlier"}]},
+        {"previous_response": {"id": "resp_1", "output": []}},
     ],
 )
 def test_a_request_naming_a_stored_conversation_is_a_stored_context_letter(fields):
