@@ -226,7 +226,6 @@ def test_a_committed_night_is_published_when_another_run_cleared_the_leftovers_f
     assert (tmp_path / "out2" / "manifest.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_upgrade_refuses_a_keyed_map_whose_versions_are_not_one_chain(tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md, 'Format 3 maps': 'On a keyed map it only verifies every record
     and the mark and anchors it'; 'A run opens the map only once its whole history is the
@@ -278,7 +277,6 @@ def _mocked_s3(monkeypatch) -> object:
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_an_id_map_on_s3_is_extended_by_its_first_night(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):

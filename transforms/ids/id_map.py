@@ -276,8 +276,12 @@ def verified_newest(directory: str, key: MapKey) -> tuple[dict[str, Any], bytes]
     field check each). A record of another map of the same salt put in a version's place
     verifies on its own; it breaks the chain here. None for a new map."""
     number = current_version_number(directory)
-    if number == 0:
-        return None
+    return _verified_chain(directory, number, key) if number else None
+
+
+def _verified_chain(directory: str, number: int, key: MapKey) -> tuple[dict[str, Any], bytes]:
+    """Version `number`'s record, verified, and its bytes, once the versions below it are found
+    to be its own (verified_newest)."""
     data, raw = _read_version(directory, number, key)
     record_of = record_reader(directory)
     if not descends(
@@ -444,9 +448,9 @@ def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]
     except JobStopped as err:
         raise IdMapError(str(err)) from None
     keyed_now = key_format_3_map(directory, key)
-    path = version_path(directory, number)
-    record = _record_raw(path)
-    data = read_record(record, path, key)  # the bytes marked are the bytes verified
+    # The whole history verified as a night opens it (each record alone is not: another map's
+    # version of the same salt verifies on its own); the bytes marked are the bytes verified.
+    data, record = _verified_chain(directory, number, key)
     if data.get("map_id") is not None:  # a map from before ids gets one at its next commit
         advance_anchor(marks, directory, data["map_id"], number, record, key)
     return number, keyed_now
@@ -460,6 +464,7 @@ def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
     number = current_version_number(directory)
     map_id = _found_map_id(directory, number, key) if number else None
     if map_id is not None:
+        _verified_chain(directory, number, key)  # bound only to a map a night would open
         try:
             check_anchor(
                 marks, directory, number, map_id, record_reader(directory), key, bound=False

@@ -32,13 +32,19 @@ def map_file_exists(path: str) -> bool:
     return storage.exists(path) if storage.is_url(path) else os.path.lexists(path)
 
 
+# What every mark holds (readers test only that it exists): never empty, since an object
+# store may refuse an empty object (Beam's S3 writer completes a multipart upload of no part).
+MARK_BYTES = b"kvtrace\n"
+
+
 def create_mark(path: str) -> None:
-    """An empty owner-only file at path, durable, unless a regular file is there already. Locally
-    made only if nothing is in its place (O_EXCL: a link is not followed, a FIFO not waited
-    on); UnfitFile if something else is. An object store holds only objects."""
+    """An owner-only file at path holding MARK_BYTES, durable, unless a regular file is there
+    already. Locally made only if nothing is in its place (O_EXCL: a link is not followed, a
+    FIFO not waited on); UnfitFile if something else is. An object store holds only objects."""
     if storage.is_url(path):
-        with storage.create(path, private=True):
-            return
+        with storage.create(path, private=True) as handle:
+            handle.write(MARK_BYTES)
+        return
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         descriptor = os.open(path, flags, storage.PRIVATE_FILE)
@@ -47,6 +53,7 @@ def create_mark(path: str) -> None:
             raise storage.UnfitFile(f"{path} is not a regular file (a link, FIFO or folder)")
         return
     try:
+        os.write(descriptor, MARK_BYTES)  # a regular file: written whole in one call
         os.fsync(descriptor)  # durable as storage.create's files are
     finally:
         os.close(descriptor)
