@@ -175,7 +175,6 @@ storage.delete = _after_another_night
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_a_committed_night_is_published_when_another_run_cleared_the_leftovers_first(
     tiny_tokenizer, tmp_path
 ):

@@ -39,12 +39,13 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import re
 import stat
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
@@ -99,6 +100,7 @@ from kvtrace.transforms.trace_format import (
     parse_json,
 )
 
+_LOG = logging.getLogger("kvtrace")
 CURRENT = "CURRENT"
 CURRENT_MAX_BYTES = 1024  # {"version": N}: anything longer is not kvtrace's
 KEYED_STAGE = ".keyed"  # versions/000001.json.keyed: a format-3 record's keyed form, staged
@@ -931,8 +933,12 @@ def discard_abandoned(directory: str, current: MapVersion, key: MapKey) -> list[
         for name in _names(directory, "segments", "*/*")
         if abandoned(name.split("/")[0])
     ]
-    if files:
-        storage.delete(files)
+    for path in files:
+        # Every run clears the same leftovers (at its commit, as it opens the map): one another
+        # run deleted after this one listed it is gone, as wanted. An object store's delete of
+        # an absent object succeeds already.
+        with suppress(FileNotFoundError):
+            storage.delete([path])
     return sorted(files + _remove_empty(storage.join(directory, "segments"), abandoned))
 
 
@@ -1408,5 +1414,10 @@ def publish_night(
         return published, None
     record = publish(directory, base, new, key, committed, intending)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)
-    discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
+    try:  # runs that lost or died on the way to this version
+        discard_abandoned(directory, new, key)
+    except Exception as err:  # the version stands: the next run's opening clears them again
+        _LOG.warning(
+            "id map %s: leftovers not cleared after version %d: %s", directory, new.version, err
+        )
     return published, new.version
