@@ -131,7 +131,6 @@ def test_an_id_map_opened_in_a_folder_of_other_files_deletes_none_of_them(tiny_t
     assert kept.exists(), f"deleted by the night (exit {said.returncode}): {said.stderr[-2000:]}"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_a_record_of_brackets_before_a_mac_member_is_refused_in_bounded_memory(
     tiny_tokenizer, tmp_path
 ):
