@@ -92,7 +92,6 @@ def test_a_beam_nights_staged_record_damaged_in_its_facts_commits_nothing(
     assert not (tmp_path / "out2").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_an_id_map_opened_in_a_folder_of_other_files_deletes_none_of_them(tiny_tokenizer, tmp_path):
     """Promise (docs/NIGHTLY.md: 'temp files of killed commits are removed by the next run';
     brief: nothing lost, bad input gets a one-line error): kvtrace removes only the temp files

@@ -58,7 +58,7 @@ from kvtrace.transforms.encode.timestamp_kinds import KIND_WORDS
 from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids.anchor import advance_anchor, check_anchor, descends, rebind
 from kvtrace.transforms.ids.dense_ids import NUMBERED
-from kvtrace.transforms.ids.exclusive import create_exclusive, replace_file
+from kvtrace.transforms.ids.exclusive import create_exclusive, replace_file, temp_names
 from kvtrace.transforms.ids.map_files import create_mark, map_file_exists, open_map_file
 from kvtrace.transforms.ids.map_record import (
     FORMAT_VERSION,
@@ -690,6 +690,13 @@ def current_version_number(directory: str) -> int:
 
 # The name of a version's record: six digits (version_path), 000001 to MAX_VERSION.
 VERSION_NAME = re.compile(r"(?!000000)[0-9]{6}\.json")
+# The files kvtrace writes through a temp file (exclusive.temp_name), as regular expressions:
+# CURRENT in the map's folder; in versions/ a record and a record's keyed form staged.
+CURRENT_FILE = re.escape(CURRENT)
+VERSION_FILES = rf"{VERSION_NAME.pattern}(?:{re.escape(KEYED_STAGE)})?"
+# All a map's folder ever holds.
+_MAP_ENTRY = re.compile(rf"versions|segments|{CURRENT_FILE}|{temp_names(CURRENT_FILE)}")
+FOREIGN_NAMED = 3  # entries a refusal of a folder that is no map names
 LOST_NAMED = 3  # missing versions a refusal names: the first few tell the operator enough
 
 
@@ -885,6 +892,7 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
         canonical(identity.__dict__)
     except ValueError as err:  # NaN in --chat-template-kwargs: found now, not at the commit
         raise IdMapError(f"an id map cannot record this run's settings: {err}") from None
+    check_map_folder(directory)
     newest = verified_newest(directory, key)
     if newest is None:
         return empty_version(identity)
@@ -910,6 +918,23 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
             version, identity=replace(version.identity, tokenization=identity.tokenization)
         )
     return version
+
+
+def check_map_folder(directory: str) -> None:
+    """A local folder given as a map must be new, empty or a map: one holding anything a map
+    never holds is someone else's, refused in one line before anything is read or written there
+    (a run opening a map repairs it). Object stores hold no temp files to clear."""
+    if storage.is_url(directory) or not os.path.isdir(directory):
+        return
+    foreign = sorted(name for name in os.listdir(directory) if not _MAP_ENTRY.fullmatch(name))
+    if foreign:
+        named = ", ".join(shown_name(name[:80]) for name in foreign[:FOREIGN_NAMED])
+        raise IdMapError(
+            f"--id-map {directory} holds files kvtrace did not write ({named}"
+            f"{', ...' if len(foreign) > FOREIGN_NAMED else ''}): it is not an id map, which "
+            f"holds only {CURRENT}, versions/ and segments/. Give a new or empty folder, or the "
+            f"map's own; nothing was read or written."
+        )
 
 
 def discard_abandoned(directory: str, current: MapVersion, key: MapKey) -> list[str]:

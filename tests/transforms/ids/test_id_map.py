@@ -329,6 +329,23 @@ def test_cleanup_racing_another_runs_cleanup_deletes_what_is_left(tmp_path, monk
     assert not segments.joinpath("000001-killed").exists()
 
 
+def test_a_folder_holding_what_no_map_holds_is_refused_before_it_is_opened(tmp_path):
+    """A folder of someone else's is no map: refused in one line, nothing in it touched."""
+    identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
+    (tmp_path / "versions").mkdir()
+    (tmp_path / "CURRENT.tmp-0123456789abcdef").write_bytes(b"")  # a killed commit's
+    assert id_map.open_map(str(tmp_path), identity, KEY).version == 0
+    (tmp_path / "thesis.tmp-final").mkdir()
+    with pytest.raises(IdMapError, match="holds files kvtrace did not write") as refused:
+        id_map.open_map(str(tmp_path), identity, KEY)
+    assert "thesis.tmp-final" in str(refused.value) and "\n" not in str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "CURRENT.tmp-0123456789abcdef",
+        "thesis.tmp-final",
+        "versions",
+    ]
+
+
 def test_a_second_writer_is_refused_at_publish_time(tmp_path):
     identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
 
