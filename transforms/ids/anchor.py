@@ -332,9 +332,8 @@ def advance_anchor(
     storage.make_folder(marks, private=True)
     with folder_lock(marks):
         covered, unbound = done()
-        remove_stale_temp_files(
-            marks, MARKS_FILES
-        )  # of marks whose writer was killed before its rename
+        # of marks whose writer was killed before its rename
+        remove_stale_temp_files(marks, MARKS_FILES)
         if not covered:
             replace_file(path, mark_bytes(directory, map_id, version, record, key))
         for location in unbound:
