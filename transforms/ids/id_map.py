@@ -59,7 +59,12 @@ from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids.anchor import advance_anchor, check_anchor, descends, rebind
 from kvtrace.transforms.ids.dense_ids import NUMBERED
 from kvtrace.transforms.ids.exclusive import create_exclusive, replace_file, temp_names
-from kvtrace.transforms.ids.map_files import create_mark, map_file_exists, open_map_file
+from kvtrace.transforms.ids.map_files import (
+    create_mark,
+    map_file_exists,
+    mark_is_whole,
+    open_map_file,
+)
 from kvtrace.transforms.ids.map_record import (
     FORMAT_VERSION,
     KEYLESS_FORMAT,
@@ -1326,9 +1331,12 @@ def finish_interrupted_commit(directory: str, current: MapVersion) -> None:
     if current.version == 0:
         return
     marked = set(_committed_segment_folders(directory))
-    unmarked = {n.split("/")[1] for kind in KINDS for n in current.files[kind]} - marked
+    listed = {n.split("/")[1] for kind in KINDS for n in current.files[kind]}
+    unmarked = listed - marked
     check_listed_files(directory, current, unmarked)
-    for name in sorted(unmarked):
+    # A mark killed before its fsync is made whole: the map's bytes are an uninterrupted run's.
+    torn = {name for name in listed & marked if not _mark_whole(directory, name)}
+    for name in sorted(unmarked | torn):
         _mark_committed(storage.join(directory, "segments", name))
     if _current_hint(storage.join(directory, CURRENT)) != current.version:
         _switch_current(directory, current.version)
@@ -1340,6 +1348,16 @@ def _mark_committed(folder: str) -> None:
     try:
         create_mark(storage.join(folder, COMMITTED_MARK))
     except storage.UnfitFile as err:
+        raise IdMapError(
+            f"the id map is damaged: {err}. Restore the id map from a backup."
+        ) from None
+
+
+def _mark_whole(directory: str, folder: str) -> bool:
+    path = storage.join(directory, "segments", folder, COMMITTED_MARK)
+    try:
+        return mark_is_whole(path)
+    except (OSError, storage.UnfitFile) as err:
         raise IdMapError(
             f"the id map is damaged: {err}. Restore the id map from a backup."
         ) from None
