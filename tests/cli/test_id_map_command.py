@@ -157,6 +157,28 @@ def test_a_rolled_back_keyed_map_is_refused(built, tmp_path, capsys, monkeypatch
     assert "at version 1, but version 2 of it was published" in _one_line(capsys)
 
 
+def test_a_keyed_map_whose_versions_are_not_one_chain_is_neither_anchored_nor_bound(
+    built, tmp_path, capsys, monkeypatch
+):
+    """Upgrade and rebind verify the history as a night opens the map: a version below the
+    newest, rewritten and keyed again (it verifies on its own), breaks the chain."""
+    monkeypatch.delenv("KVTRACE_SALT", raising=False)
+    map_dir = _copy(built, tmp_path)
+    salted = ["--salt-file", str(tmp_path / "salt")]
+    assert _upgrade(str(map_dir), *salted) == 0  # anchored and bound at version 2
+    first = map_dir / "versions" / "000001.json"
+    record = json.loads(first.read_bytes())
+    del record["mac"]
+    first.write_bytes(map_record.keyed(record | {"chat_template_kwargs": {"other": 1}}, KEY))
+    marks = tmp_path / "salt.id-map-marks"
+    before = {p.name: p.read_bytes() for p in marks.iterdir()}
+    capsys.readouterr()
+    for action in ("upgrade", "rebind"):
+        assert main(["id-map", action, str(map_dir), *salted]) == 2
+        assert "do not form one chain" in _one_line(capsys)
+    assert {p.name: p.read_bytes() for p in marks.iterdir()} == before
+
+
 def test_a_map_gone_from_a_bound_place_is_refused_until_rebound(
     built, tiny_tokenizer, tmp_path, capsys, monkeypatch
 ):

@@ -376,6 +376,26 @@ def test_a_run_killed_after_committing_has_published_and_its_rerun_changes_nothi
     )
 
 
+def test_a_cleanup_failing_after_the_commit_is_a_warning_not_the_nights_failure(
+    tiny_tokenizer, tmp_path, nights, salt_file, monkeypatch, caplog
+):
+    """The version stands once committed: what its cleanup cannot remove, the next run's
+    opening removes, and the night is published."""
+    common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
+    assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
+
+    def refused(*_):
+        raise PermissionError(13, "Permission denied", "segments/000002-x/blocks-00000.parquet")
+
+    monkeypatch.setattr(id_map, "discard_abandoned", refused)  # the one after the commit
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0
+    assert (tmp_path / "n2" / "manifest.json").exists() and current(tmp_path / "map")[
+        "version"
+    ] == 2
+    warned = [r for r in caplog.records if "not cleared after version 2" in r.getMessage()]
+    assert len(warned) == 1 and "Permission denied" in warned[0].getMessage()
+
+
 def test_another_shard_count_re_splits_the_map_and_keeps_ids(
     tiny_tokenizer, tmp_path, nights, salt_file
 ):

@@ -92,7 +92,6 @@ def test_a_beam_nights_staged_record_damaged_in_its_facts_commits_nothing(
     assert not (tmp_path / "out2").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_an_id_map_opened_in_a_folder_of_other_files_deletes_none_of_them(tiny_tokenizer, tmp_path):
     """Promise (docs/NIGHTLY.md: 'temp files of killed commits are removed by the next run';
     brief: nothing lost, bad input gets a one-line error): kvtrace removes only the temp files
@@ -131,7 +130,6 @@ def test_an_id_map_opened_in_a_folder_of_other_files_deletes_none_of_them(tiny_t
     assert kept.exists(), f"deleted by the night (exit {said.returncode}): {said.stderr[-2000:]}"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_a_record_of_brackets_before_a_mac_member_is_refused_in_bounded_memory(
     tiny_tokenizer, tmp_path
 ):
@@ -175,7 +173,6 @@ storage.delete = _after_another_night
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_a_committed_night_is_published_when_another_run_cleared_the_leftovers_first(
     tiny_tokenizer, tmp_path
 ):
@@ -226,7 +223,6 @@ def test_a_committed_night_is_published_when_another_run_cleared_the_leftovers_f
     assert (tmp_path / "out2" / "manifest.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_upgrade_refuses_a_keyed_map_whose_versions_are_not_one_chain(tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md, 'Format 3 maps': 'On a keyed map it only verifies every record
     and the mark and anchors it'; 'A run opens the map only once its whole history is the
@@ -278,7 +274,6 @@ def _mocked_s3(monkeypatch) -> object:
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 def test_an_id_map_on_s3_is_extended_by_its_first_night(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):

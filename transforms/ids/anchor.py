@@ -108,6 +108,11 @@ def marks_folder(salt: SaltSource, given: str | None) -> str:
     )
 
 
+# The files kvtrace writes in a folder of marks (mark_path, location_path), as a regular
+# expression: only their temp files are ever removed there.
+MARKS_FILES = r"(?:map-)?[0-9a-f]{32}\.json"
+
+
 def mark_path(marks: str, map_id: str) -> str:
     """The map's mark in the folder of marks: one per map, named by its id."""
     return storage.join(marks, f"map-{map_id}.json")
@@ -327,7 +332,8 @@ def advance_anchor(
     storage.make_folder(marks, private=True)
     with folder_lock(marks):
         covered, unbound = done()
-        remove_stale_temp_files(marks)  # of marks whose writer was killed before its rename
+        # of marks whose writer was killed before its rename
+        remove_stale_temp_files(marks, MARKS_FILES)
         if not covered:
             replace_file(path, mark_bytes(directory, map_id, version, record, key))
         for location in unbound:
@@ -344,7 +350,7 @@ def rebind(marks: str, directory: str, map_id: str | None, key: MapKey) -> None:
         return
     storage.make_folder(marks, private=True)
     with folder_lock(marks):
-        remove_stale_temp_files(marks)
+        remove_stale_temp_files(marks, MARKS_FILES)
         for location, path in places.items():
             replace_file(path, place_bytes(location, map_id, key))
 

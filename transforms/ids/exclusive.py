@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,6 +31,7 @@ from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.storage import is_url
 
 TEMP_MARK = ".tmp-"
+TEMP_DIGITS = 16  # the random hex digits after TEMP_MARK
 # A holder reads and writes one small file: a lock held this long is held by a stuck run.
 LOCK_WAIT_S = 60.0
 LOCK_POLL_S = 0.01
@@ -103,8 +106,15 @@ def _wait_for_lock(handle: int, path: str) -> None:
 
 
 def temp_name(path: str) -> str:
-    """A new temp name beside path (remove_stale_temp_files knows it by TEMP_MARK)."""
-    return f"{path}{TEMP_MARK}{uuid.uuid4().hex[:16]}"
+    """A new temp name beside path: path, TEMP_MARK, TEMP_DIGITS random hex digits (temp_names
+    matches them)."""
+    return f"{path}{TEMP_MARK}{uuid.uuid4().hex[:TEMP_DIGITS]}"
+
+
+def temp_names(replaced: str) -> str:
+    """A regular expression of the temp names temp_name gives the files whose names the regular
+    expression `replaced` matches whole."""
+    return rf"(?:{replaced}){re.escape(TEMP_MARK)}[0-9a-f]{{{TEMP_DIGITS}}}"
 
 
 @contextmanager
@@ -136,17 +146,29 @@ def _create_local(path: str, data: bytes, created: Callable[[], None]) -> bool:
             os.unlink(staged)
 
 
-def remove_stale_temp_files(folder: str) -> list[str]:
+def remove_stale_temp_files(folder: str, replaced: str) -> list[str]:
     """Temp files in a local folder that no run holds (_held_temp): what a commit killed
-    between writing and linking leaves, whatever host or PID namespace it ran in. Returns
-    what went."""
+    between writing and linking leaves, whatever host or PID namespace it ran in. Only regular
+    files named as temp_name names those of the files kvtrace writes there (`replaced`, a
+    regular expression of their names) go: never a folder, a link, or a name of anyone else's.
+    Returns what went."""
     if is_url(folder) or not os.path.isdir(folder):
         return []
+    temps = re.compile(temp_names(replaced))
     return [
         name
         for name in sorted(os.listdir(folder))
-        if TEMP_MARK in name and storage.remove_unheld(os.path.join(folder, name))
+        if temps.fullmatch(name)
+        and _is_regular(os.path.join(folder, name))
+        and storage.remove_unheld(os.path.join(folder, name))
     ]
+
+
+def _is_regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:  # removed meanwhile by another run's cleanup
+        return False
 
 
 def _create_gcs(path: str, data: bytes) -> bool:

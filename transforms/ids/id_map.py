@@ -39,12 +39,13 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import re
 import stat
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
@@ -57,8 +58,13 @@ from kvtrace.transforms.encode.timestamp_kinds import KIND_WORDS
 from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids.anchor import advance_anchor, check_anchor, descends, rebind
 from kvtrace.transforms.ids.dense_ids import NUMBERED
-from kvtrace.transforms.ids.exclusive import create_exclusive, replace_file
-from kvtrace.transforms.ids.map_files import create_mark, map_file_exists, open_map_file
+from kvtrace.transforms.ids.exclusive import create_exclusive, replace_file, temp_names
+from kvtrace.transforms.ids.map_files import (
+    create_mark,
+    map_file_exists,
+    mark_is_whole,
+    open_map_file,
+)
 from kvtrace.transforms.ids.map_record import (
     FORMAT_VERSION,
     KEYLESS_FORMAT,
@@ -99,6 +105,7 @@ from kvtrace.transforms.trace_format import (
     parse_json,
 )
 
+_LOG = logging.getLogger("kvtrace")
 CURRENT = "CURRENT"
 CURRENT_MAX_BYTES = 1024  # {"version": N}: anything longer is not kvtrace's
 KEYED_STAGE = ".keyed"  # versions/000001.json.keyed: a format-3 record's keyed form, staged
@@ -276,8 +283,12 @@ def verified_newest(directory: str, key: MapKey) -> tuple[dict[str, Any], bytes]
     field check each). A record of another map of the same salt put in a version's place
     verifies on its own; it breaks the chain here. None for a new map."""
     number = current_version_number(directory)
-    if number == 0:
-        return None
+    return _verified_chain(directory, number, key) if number else None
+
+
+def _verified_chain(directory: str, number: int, key: MapKey) -> tuple[dict[str, Any], bytes]:
+    """Version `number`'s record, verified, and its bytes, once the versions below it are found
+    to be its own (verified_newest)."""
     data, raw = _read_version(directory, number, key)
     record_of = record_reader(directory)
     if not descends(
@@ -444,9 +455,9 @@ def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]
     except JobStopped as err:
         raise IdMapError(str(err)) from None
     keyed_now = key_format_3_map(directory, key)
-    path = version_path(directory, number)
-    record = _record_raw(path)
-    data = read_record(record, path, key)  # the bytes marked are the bytes verified
+    # The whole history verified as a night opens it (each record alone is not: another map's
+    # version of the same salt verifies on its own); the bytes marked are the bytes verified.
+    data, record = _verified_chain(directory, number, key)
     if data.get("map_id") is not None:  # a map from before ids gets one at its next commit
         advance_anchor(marks, directory, data["map_id"], number, record, key)
     return number, keyed_now
@@ -460,6 +471,7 @@ def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
     number = current_version_number(directory)
     map_id = _found_map_id(directory, number, key) if number else None
     if map_id is not None:
+        _verified_chain(directory, number, key)  # bound only to a map a night would open
         try:
             check_anchor(
                 marks, directory, number, map_id, record_reader(directory), key, bound=False
@@ -683,6 +695,13 @@ def current_version_number(directory: str) -> int:
 
 # The name of a version's record: six digits (version_path), 000001 to MAX_VERSION.
 VERSION_NAME = re.compile(r"(?!000000)[0-9]{6}\.json")
+# The files kvtrace writes through a temp file (exclusive.temp_name), as regular expressions:
+# CURRENT in the map's folder; in versions/ a record and a record's keyed form staged.
+CURRENT_FILE = re.escape(CURRENT)
+VERSION_FILES = rf"{VERSION_NAME.pattern}(?:{re.escape(KEYED_STAGE)})?"
+# All a map's folder ever holds.
+_MAP_ENTRY = re.compile(rf"versions|segments|{CURRENT_FILE}|{temp_names(CURRENT_FILE)}")
+FOREIGN_NAMED = 3  # entries a refusal of a folder that is no map names
 LOST_NAMED = 3  # missing versions a refusal names: the first few tell the operator enough
 
 
@@ -878,6 +897,7 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
         canonical(identity.__dict__)
     except ValueError as err:  # NaN in --chat-template-kwargs: found now, not at the commit
         raise IdMapError(f"an id map cannot record this run's settings: {err}") from None
+    check_map_folder(directory)
     newest = verified_newest(directory, key)
     if newest is None:
         return empty_version(identity)
@@ -905,6 +925,23 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
     return version
 
 
+def check_map_folder(directory: str) -> None:
+    """A local folder given as a map must be new, empty or a map: one holding anything a map
+    never holds is someone else's, refused in one line before anything is read or written there
+    (a run opening a map repairs it). Object stores hold no temp files to clear."""
+    if storage.is_url(directory) or not os.path.isdir(directory):
+        return
+    foreign = sorted(name for name in os.listdir(directory) if not _MAP_ENTRY.fullmatch(name))
+    if foreign:
+        named = ", ".join(shown_name(name[:80]) for name in foreign[:FOREIGN_NAMED])
+        raise IdMapError(
+            f"--id-map {directory} holds files kvtrace did not write ({named}"
+            f"{', ...' if len(foreign) > FOREIGN_NAMED else ''}): it is not an id map, which "
+            f"holds only {CURRENT}, versions/ and segments/. Give a new or empty folder, or the "
+            f"map's own; nothing was read or written."
+        )
+
+
 def discard_abandoned(directory: str, current: MapVersion, key: MapKey) -> list[str]:
     """Delete segments no published version can ever use: those of runs that targeted a version
     already decided (<= current) and lost, or were killed. Segments of later versions may be a
@@ -926,8 +963,12 @@ def discard_abandoned(directory: str, current: MapVersion, key: MapKey) -> list[
         for name in _names(directory, "segments", "*/*")
         if abandoned(name.split("/")[0])
     ]
-    if files:
-        storage.delete(files)
+    for path in files:
+        # Every run clears the same leftovers (at its commit, as it opens the map): one another
+        # run deleted after this one listed it is gone, as wanted. An object store's delete of
+        # an absent object succeeds already.
+        with suppress(FileNotFoundError):
+            storage.delete([path])
     return sorted(files + _remove_empty(storage.join(directory, "segments"), abandoned))
 
 
@@ -1290,9 +1331,12 @@ def finish_interrupted_commit(directory: str, current: MapVersion) -> None:
     if current.version == 0:
         return
     marked = set(_committed_segment_folders(directory))
-    unmarked = {n.split("/")[1] for kind in KINDS for n in current.files[kind]} - marked
+    listed = {n.split("/")[1] for kind in KINDS for n in current.files[kind]}
+    unmarked = listed - marked
     check_listed_files(directory, current, unmarked)
-    for name in sorted(unmarked):
+    # A mark killed before its fsync is made whole: the map's bytes are an uninterrupted run's.
+    torn = {name for name in listed & marked if not _mark_whole(directory, name)}
+    for name in sorted(unmarked | torn):
         _mark_committed(storage.join(directory, "segments", name))
     if _current_hint(storage.join(directory, CURRENT)) != current.version:
         _switch_current(directory, current.version)
@@ -1304,6 +1348,16 @@ def _mark_committed(folder: str) -> None:
     try:
         create_mark(storage.join(folder, COMMITTED_MARK))
     except storage.UnfitFile as err:
+        raise IdMapError(
+            f"the id map is damaged: {err}. Restore the id map from a backup."
+        ) from None
+
+
+def _mark_whole(directory: str, folder: str) -> bool:
+    path = storage.join(directory, "segments", folder, COMMITTED_MARK)
+    try:
+        return mark_is_whole(path)
+    except (OSError, storage.UnfitFile) as err:
         raise IdMapError(
             f"the id map is damaged: {err}. Restore the id map from a backup."
         ) from None
@@ -1403,5 +1457,10 @@ def publish_night(
         return published, None
     record = publish(directory, base, new, key, committed, intending)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)
-    discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
+    try:  # runs that lost or died on the way to this version
+        discard_abandoned(directory, new, key)
+    except Exception as err:  # the version stands: the next run's opening clears them again
+        _LOG.warning(
+            "id map %s: leftovers not cleared after version %d: %s", directory, new.version, err
+        )
     return published, new.version

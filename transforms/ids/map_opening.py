@@ -13,6 +13,8 @@ from kvtrace.transforms.encode.salt import SALT_ENV, SaltError, SaltSource
 from kvtrace.transforms.ids import anchor
 from kvtrace.transforms.ids.exclusive import remove_stale_temp_files
 from kvtrace.transforms.ids.id_map import (
+    CURRENT_FILE,
+    VERSION_FILES,
     MapIdentity,
     MapVersion,
     check_listed_files,
@@ -52,8 +54,11 @@ def open_repaired_map(
         finish_interrupted_commit(directory, base)
         discarded = discard_abandoned(directory, base, key) + [
             name
-            for folder in (directory, storage.join(directory, "versions"))
-            for name in remove_stale_temp_files(folder)
+            for folder, replaced in (
+                (directory, CURRENT_FILE),
+                (storage.join(directory, "versions"), VERSION_FILES),
+            )
+            for name in remove_stale_temp_files(folder, replaced)
         ]
         if discarded:
             _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))

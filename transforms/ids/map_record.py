@@ -198,22 +198,51 @@ def _at_depth_1(raw: bytes, matches: Iterable[re.Match[bytes]]) -> Iterator[re.M
     """The matches (in order, of text holding no brackets) that lie in the top-level object of
     JSON text: the one scan that reads a record's members without parsing it, linear time at
     C speed, and no further than the last match it is asked for."""
+    view = memoryview(raw)
     depth, start = 0, 0
     for match in matches:
-        depth += _depth_change(raw[start : match.start()])
+        depth += _depth_change(view[start : match.start()])
         start = match.end()
         if depth == 1:
             yield match
 
 
-def _depth_change(text: bytes) -> int:
+# The bytes _depth_change works on at once: the scan of a record of any size holds at most a
+# few copies of this many (a junk record's bytes, never copied whole).
+_DEPTH_CHUNK = 1 << 20
+
+
+def _depth_change(text: memoryview) -> int:
     """How much deeper JSON text ends than it starts, brackets in strings not counted: at C
-    speed (a record is ~150 MB at most), its escapes removed first so every quote left is one
-    that opens or closes a string."""
-    text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
-    text = text.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
-    text = _BRACKETS_IN_STRING.sub(b"", text)
-    return text.count(b"[") + text.count(b"{") - text.count(b"]") - text.count(b"}")
+    speed (a record is ~150 MB at most), chunk by chunk, whether the chunk starts in a string
+    or just after an escaping backslash carried from the one before."""
+    change, in_string, escaped = 0, False, False
+    for at in range(0, len(text), _DEPTH_CHUNK):
+        chunk = bytes(text[at + escaped : at + _DEPTH_CHUNK])
+        trailing = len(chunk) - len(chunk.rstrip(b"\\"))
+        escaped = trailing % 2 == 1  # the chunk's last backslash escapes the next one's first
+        in_string, counted = _chunk_depth(chunk[: len(chunk) - escaped], in_string)
+        change += counted
+    return change
+
+
+def _chunk_depth(chunk: bytes, in_string: bool) -> tuple[bool, int]:
+    """The depth change of a chunk whose escapes are whole (every backslash pairs within it),
+    and whether it ends in a string. Its escapes are removed first, so every quote left opens
+    or closes a string."""
+    chunk = chunk.replace(b"\\\\", b"").replace(b'\\"', b"")
+    chunk = chunk.translate(None, _NOT_STRUCTURE)
+    if in_string:  # up to the quote that closes the string, all is in it
+        closing = chunk.find(b'"')
+        if closing < 0:
+            return True, 0
+        chunk = chunk[closing + 1 :]
+    in_string = chunk.count(b'"') % 2 == 1
+    if in_string:  # a string the next chunk closes: its brackets are in it
+        chunk = chunk[: chunk.rfind(b'"')]
+    chunk = _BRACKETS_IN_STRING.sub(b"", chunk.replace(b'""', b""))
+    counted = chunk.count(b"[") + chunk.count(b"{") - chunk.count(b"]") - chunk.count(b"}")
+    return in_string, counted
 
 
 def _unverified(

@@ -238,7 +238,7 @@ def test_a_mark_left_half_written_by_a_killed_run_is_removed_by_the_next(tmp_pat
     marks, directory = _marks(tmp_path), str(tmp_path / "map")
     _advance(marks, directory, 1)
     path = anchor.mark_path(marks, MAP_ID)
-    stale = Path(f"{path}{TEMP_MARK}0a1b2c3d")  # nobody holds it: its writer is gone
+    stale = Path(f"{path}{TEMP_MARK}0a1b2c3d4e5f6a7b")  # nobody holds it: its writer is gone
     stale.write_bytes(b'{"format":')
     _advance(marks, directory, 2)
     assert not stale.exists() and sorted(os.listdir(marks)) == sorted(
@@ -256,7 +256,9 @@ def test_a_temp_file_a_living_writer_holds_stays(tmp_path):
     with exclusive._held_temp(path) as staged:
         _advance(marks, directory, 2)
         assert os.path.isfile(staged)
-    assert exclusive.remove_stale_temp_files(marks) == [os.path.basename(staged)]
+    assert exclusive.remove_stale_temp_files(marks, anchor.MARKS_FILES) == [
+        os.path.basename(staged)
+    ]
 
 
 @pytest.mark.parametrize(

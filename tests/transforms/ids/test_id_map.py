@@ -307,6 +307,45 @@ def test_cleanup_keeps_published_and_live_segments(tmp_path):
     assert left == {"000001-a1a1a1a1a1a1", "000002-live"}
 
 
+def test_cleanup_racing_another_runs_cleanup_deletes_what_is_left(tmp_path, monkeypatch):
+    """Every run clears the same leftovers: a file another run deleted after this one listed it
+    is gone as wanted, never this run's failure."""
+    identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
+    segments = tmp_path / "segments"
+    for name in ("blocks-00000.parquet", "blocks-00000.index.npz"):
+        (segments / "000001-killed").mkdir(parents=True, exist_ok=True)
+        (segments / "000001-killed" / name).write_bytes(b"x")
+    delete = id_map.storage.delete
+
+    def after_another_run(paths: list[str]) -> None:
+        for path in paths:
+            os.remove(path)  # the other run's cleanup, first
+        delete(paths)
+
+    monkeypatch.setattr(id_map.storage, "delete", after_another_run)
+    decided = replace(id_map.empty_version(identity), version=1)  # lists no file of it
+    removed = id_map.discard_abandoned(str(tmp_path), decided, KEY)
+    assert removed[0] == str(segments / "000001-killed") and len(removed) == 3
+    assert not segments.joinpath("000001-killed").exists()
+
+
+def test_a_folder_holding_what_no_map_holds_is_refused_before_it_is_opened(tmp_path):
+    """A folder of someone else's is no map: refused in one line, nothing in it touched."""
+    identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
+    (tmp_path / "versions").mkdir()
+    (tmp_path / "CURRENT.tmp-0123456789abcdef").write_bytes(b"")  # a killed commit's
+    assert id_map.open_map(str(tmp_path), identity, KEY).version == 0
+    (tmp_path / "thesis.tmp-final").mkdir()
+    with pytest.raises(IdMapError, match="holds files kvtrace did not write") as refused:
+        id_map.open_map(str(tmp_path), identity, KEY)
+    assert "thesis.tmp-final" in str(refused.value) and "\n" not in str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "CURRENT.tmp-0123456789abcdef",
+        "thesis.tmp-final",
+        "versions",
+    ]
+
+
 def test_a_second_writer_is_refused_at_publish_time(tmp_path):
     identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
 

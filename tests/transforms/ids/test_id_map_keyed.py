@@ -150,3 +150,31 @@ def test_an_unverified_members_value_is_read_within_its_bound():
         "format": "f",
         "x": [1],
     }
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5])
+def test_the_depth_scan_carries_strings_and_escapes_across_its_chunks(monkeypatch, chunk):
+    """The MAC's depth scan works chunk by chunk: a chunk edge inside a string, or between a
+    backslash and what it escapes, changes nothing it finds."""
+    monkeypatch.setattr(map_record, "_DEPTH_CHUNK", chunk)
+    kwargs = {"a": '\\"]]}\\\\', "mac": "ab" * 32, "z": ['[{\\\\"', {"b": "\\", "mac": "cd" * 32}]}
+    raw = _keyed_record(kwargs)
+    assert read_record(raw, "v", KEY)["chat_template_kwargs"] == kwargs
+    with pytest.raises(IdMapError, match="MAC does not verify"):
+        read_record(raw, "v", map_key(SALT + b"!"))
+
+
+def test_a_record_of_brackets_is_refused_without_a_copy_of_it():
+    """Brackets before a MAC member are counted in bounded chunks: the refusal of a 16 MiB
+    record allocates a few chunks, never copies of the record."""
+    import tracemalloc
+
+    raw = b'{"a":[' + b"[]" * (8 << 20) + b'],"mac":"' + b"0" * 64 + b'"}\n'
+    tracemalloc.start()
+    try:
+        with pytest.raises(IdMapError, match="000002.json is not a kvtrace id map version"):
+            read_record(raw, "versions/000002.json", KEY)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * map_record._DEPTH_CHUNK, peak

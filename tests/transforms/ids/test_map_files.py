@@ -111,4 +111,14 @@ def test_a_mark_is_made_owner_only_once(tmp_path):
     map_files.create_mark(str(mark))
     assert mark.is_file() and mark.stat().st_mode & 0o777 == storage.PRIVATE_FILE
     map_files.create_mark(str(mark))  # a mark there already: marked
-    assert mark.read_bytes() == b""
+    assert mark.read_bytes() == map_files.MARK_BYTES != b""  # an object store refuses empty
+
+
+@pytest.mark.parametrize("held", [b"", b"kvtr", b"kvtrace\nmore"])
+def test_a_mark_torn_or_of_other_bytes_is_made_whole(tmp_path, held):
+    """A mark killed before its fsync (a power cut keeps part of it), or empty as kvtrace once
+    made them, is written again in the one format."""
+    mark = tmp_path / "COMMITTED"
+    mark.write_bytes(held)
+    map_files.create_mark(str(mark))
+    assert mark.read_bytes() == map_files.MARK_BYTES
