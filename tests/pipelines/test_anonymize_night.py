@@ -396,3 +396,19 @@ def test_a_staged_folder_is_published_only_as_its_manifest_lists_it(tmp_path, fa
     with pytest.raises(JobStopped, match="is not what its manifest lists") as refused:
         anonymize_night.check_staged(str(folder), staged)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "lines, times",
+    [
+        (b"", []),
+        (b'{"timestamp": 0, "x": 1}\n{"timestamp": 1099511627775, "x": 1}\n', [0, 1099511627775]),
+        (b'{"timestamp": 01, "x": 1}\n', None),  # a leading zero: not as kvtrace writes it
+        (b'{"timestamp": -1, "x": 1}\n', None),
+        (b'{"timestamp": 12345678901234567, "x": 1}\n', None),  # past any published int
+        (b'{"x": 1, "timestamp": 5}\n', None),
+    ],
+)
+def test_a_staged_rows_time_is_read_from_its_start_as_kvtrace_writes_it(lines, times):
+    found = anonymize_night._leading_times(lines)
+    assert (found if found is None else found.tolist()) == times
