@@ -13,7 +13,11 @@ here.
 from __future__ import annotations
 
 import functools
+import hashlib
+import heapq
+import io
 import logging
+import re
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
@@ -47,7 +51,7 @@ from kvtrace.transforms.ids.dense_ids import (
     shard_of,
     split_by,
 )
-from kvtrace.transforms.ids.map_record import KINDS, MAX_DAYS, is_day, is_int, shown
+from kvtrace.transforms.ids.map_record import KINDS, MAX_DAYS, MAX_IDS, is_day, is_int, shown
 from kvtrace.transforms.ids.segments import (
     SegmentFile,
     check_listed,
@@ -57,21 +61,25 @@ from kvtrace.transforms.ids.segments import (
 )
 from kvtrace.transforms.read.measured import join_measured
 from kvtrace.transforms.read.paths import read_bytes
+from kvtrace.transforms.read.timestamps import DAY_MS, EPOCH_CEILING_MS
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES
 from kvtrace.transforms.trace_format import (
     CAPTURE_FIELD,
     CAPTURE_SCHEME,
     FORMAT,
+    MANIFEST,
+    MAX_TRACE_LINE_BYTES,
     NIGHT_ORIGIN,
     OUTPUT_IDS_FIELD,
     OUTPUT_LENGTH_FIELD,
     STATS,
     TIME_ORIGIN_FIELD,
+    TIMESTAMP_FIELD,
     canonical_json,
     capture_manifest,
     parse_json,
 )
-from kvtrace.transforms.write.coarsen import published_requests
+from kvtrace.transforms.write.coarsen import published_requests, round_to
 from kvtrace.transforms.write.manifest import (
     KVTRACE_VERSION,
     RecordCounts,
@@ -649,15 +657,21 @@ def _stage_record(config: AnonymizeConfig, record: dict) -> dict:
 def finish_staged(config: AnonymizeConfig) -> dict:
     """In the launcher, once the job that staged the night (stage_night) has finished: the id
     map's version committed (commit_id_map), then the manifest staged, as the local engine's
-    driver does (publish_night). Returns the manifest to publish (publish_staged). A record
-    missing or damaged, or the night refused by a step (stage_refusal), is a one-line
-    JobStopped: nothing committed, nothing published."""
+    driver does (publish_night). Returns the manifest to publish (publish_staged). Nothing of
+    the record is taken on its word: its manifest must be the one the staging folder itself
+    gives (staged_manifest), its facts those of the staged rows (RowTimes), its commit that of
+    the run's segment folder (_staged_commit). A record missing, damaged or out of bounds, or
+    the night refused by a step (stage_refusal), is a one-line JobStopped: nothing committed,
+    nothing published."""
     path = storage.join(config.dead_letter, NIGHT_RECORD)
     try:
         record = parse_json(read_bytes(path, MAX_NIGHT_RECORD_BYTES))
         refused = _refusal(record)
         if refused is None:
-            manifest, segments, added, earliest_ms, times = _staged_commit(config, record)
+            staged = _bounded(config, record)
+            earliest_ms, times = staged.earliest_ms, staged.times
+            manifest = staged_manifest(config, staged.manifest, earliest_ms, times)
+            segments, added = _staged_commit(config, staged)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         if config.id_map is not None:  # the run's files discarded by a run that won the race
             id_map.check_not_extended(config.id_map.directory, config.id_map.base)
@@ -680,25 +694,185 @@ def _refusal(record: object) -> str | None:
     return reason
 
 
-def _staged_commit(
-    config: AnonymizeConfig, record: dict
-) -> tuple[dict, dict[str, list[SegmentFile]], dict[str, int], int | None, id_map.NightTimes]:
-    """commit_id_map's arguments from a night's record; a ValueError where one is not what
-    stage_night writes. The commit is derived from the run's own segment folder, not taken on
-    the record's word: the record must list exactly the files the job left there, each checked
-    against its checksums (the carried-files check), and the ids added are the rows their
-    verified footers hold. A record damaged on its way back from the job commits nothing."""
-    manifest = record["manifest"]
-    if not isinstance(manifest, dict):
+def staged_manifest(
+    config: AnonymizeConfig, recorded: Any, earliest_ms: int | None, times: id_map.NightTimes
+) -> dict:
+    """The manifest of the night staged in config.staging, derived from the folder itself in
+    one pass (staged_files: every file it holds, nothing more, nothing less, each digest from
+    its bytes) with night_manifest, as the job derived it; the record's (recorded) must be it
+    byte for byte, and the record's times those of the rows read in that pass. Returns it; a
+    ValueError names the first difference."""
+    origin = trace_origin_ms(config.timestamp_origin_ms, earliest_ms)
+    rows = RowTimes(
+        rows_origin_ms(config, origin, earliest_ms), origin, config.coarsening.timestamp_ms
+    )
+    digests = staged_files(config.staging, rows)
+    stats = parse_json(read_bytes(storage.join(config.staging, STATS), MAX_MANIFEST_BYTES))
+    files = [(name, digest) for name, digest in digests.items() if name != STATS]
+    manifest = night_manifest(config, files, stats, earliest_ms, origin)
+    if manifest["sha256"] != digests:  # stats.json not as night_manifest writes its digest
+        raise ValueError(f"its staged {STATS} is not the stats kvtrace writes")
+    if type(recorded) is not dict:
         raise ValueError("its manifest is not an object")
+    if canonical_json(recorded) != canonical_json(manifest):
+        odd = sorted(
+            k for k in manifest.keys() | recorded.keys() if recorded.get(k) != manifest.get(k)
+        )
+        raise ValueError(
+            f"its manifest is not the staging folder's (its {odd[0][:40] if odd else 'bytes'!r} "
+            "differs)"
+        )
+    if config.id_map is not None:
+        rows.check(earliest_ms, times)
+    return manifest
+
+
+# A row as kvtrace writes it begins with its timestamp (trace_format.jsonl_bytes), a published
+# int: below 2^40, at most 13 digits (read here at most 16, so no value overflows).
+_ROW_START = np.frombuffer(b'{"' + TIMESTAMP_FIELD.encode() + b'": ', np.uint8)
+_TIME_DIGITS = 16
+_POWERS = 10 ** np.arange(_TIME_DIGITS + 1, dtype=np.int64)
+_READ_BYTES = 1 << 20
+
+
+def staged_files(folder: str, rows: RowTimes | None = None) -> dict[str, str]:
+    """Every file in folder (a subfolder's too, as a/b), by name -> the sha256 of its bytes,
+    read once; rows, if given, fed each JSONL shard's rows in that same read."""
+    digests = {}
+    for name in storage.files_in(folder, nested=True):
+        digest = hashlib.sha256()
+        pending = b""
+        with storage.open_read(storage.join(folder, name)) as handle:
+            while chunk := handle.read(_READ_BYTES):
+                digest.update(chunk)
+                if rows is not None and name.endswith(".jsonl"):
+                    lines, newline, pending = (pending + chunk).rpartition(b"\n")
+                    rows.add(lines + newline, name)
+                    if len(pending) > MAX_TRACE_LINE_BYTES:
+                        raise ValueError(
+                            f"a row of {shown(name)} is over {MAX_TRACE_LINE_BYTES} bytes"
+                        )
+        if pending:
+            raise ValueError(f"{shown(name)} ends inside a row")
+        digests[name] = digest.hexdigest()
+    return digests
+
+
+class RowTimes:
+    """The times of a night's rows, fed its JSONL shards' lines (each row begins with its
+    time): how many, the first and the last on the map's clock (ms from the origin), and, for
+    each span of days its unrounded time may lie in (a row's time is rounded half up to the
+    granularity), how many rows. check holds the record's facts to them."""
+
+    def __init__(self, rows_origin_ms: int, origin_ms: int, step: int) -> None:
+        self._origin, self._shift, self._step = origin_ms, rows_origin_ms - origin_ms, step
+        self.count, self.first, self.last = 0, None, None
+        self._spans: dict[tuple[int, int], int] = {}
+
+    def add(self, lines: bytes, name: str) -> None:
+        """Whole lines of a shard (each ends with its newline)."""
+        times = _leading_times(lines)
+        if times is None:
+            raise ValueError(f"a row of {shown(name)} does not begin with its time")
+        if not len(times):
+            return
+        times += self._shift
+        self.count += len(times)
+        low, high = int(times.min()), int(times.max())
+        self.first = low if self.first is None else min(self.first, low)
+        self.last = high if self.last is None else max(self.last, high)
+        earliest = self._origin + times - self._step // 2  # round_to's half up, undone
+        first_day = earliest // DAY_MS
+        # (first day, days more) as one int: a span is under 2^20 days (2100 is day 47,482)
+        spans = first_day << 20 | ((earliest + self._step - 1) // DAY_MS - first_day)
+        for span, n in zip(*np.unique(spans, return_counts=True)):
+            key = (int(span) >> 20, (int(span) >> 20) + (int(span) & 0xFFFFF))
+            self._spans[key] = self._spans.get(key, 0) + int(n)
+
+    def check(self, earliest_ms: int | None, times: id_map.NightTimes) -> None:
+        """The record's facts as the rows give them: the night's first time (rounded as the
+        rows are: the manifest's id_map.time_from_ms), its last, and its requests per day,
+        which must be an assignment of each row to a day its span holds (_days_fit)."""
+        if earliest_ms is not None:
+            first = int(round_to(np.int64(earliest_ms - self._origin), self._step))
+            if first != self.first:
+                raise ValueError(
+                    f"its earliest time starts the night at {first}, its rows at {self.first}"
+                )
+        if times.last_ms != self.last:
+            raise ValueError(f"its last time is {times.last_ms}, its rows' {self.last}")
+        if sum(times.days.values()) != self.count or not _days_fit(self._spans, times.days):
+            raise ValueError(f"its requests per day are not those of its {self.count} rows")
+
+
+def _leading_times(lines: bytes) -> np.ndarray | None:
+    """Each line's leading time, read with numpy (no Python object per row); None if a line
+    does not begin `{"timestamp": N,` with N a decimal kvtrace writes."""
+    data = np.frombuffer(lines, np.uint8)
+    ends = np.flatnonzero(data == ord("\n"))
+    starts = np.concatenate(([0], ends + 1))[: len(ends)]
+    width = len(_ROW_START) + _TIME_DIGITS + 1
+    padded = np.concatenate((data, np.zeros(width, np.uint8)))  # a short line reads zeros
+    window = padded[starts[:, None] + np.arange(width)]
+    digits = window[:, len(_ROW_START) :].astype(np.int64) - ord("0")
+    is_digit = (digits >= 0) & (digits <= 9)
+    count = np.argmin(is_digit, axis=1)  # the first byte past the digits (never all digits)
+    after = window[np.arange(len(starts)), len(_ROW_START) + count]
+    if not (
+        (window[:, : len(_ROW_START)] == _ROW_START).all()
+        and (count >= 1).all()
+        and (after == ord(",")).all()
+        and ((count == 1) | (digits[:, 0] != 0)).all()  # no leading zero
+    ):
+        return None
+    # The digits as one 16-digit number (those past the terminator zeroed), then cut to count.
+    digits = np.where(np.arange(_TIME_DIGITS) < count[:, None], digits[:, :_TIME_DIGITS], 0)
+    return digits @ _POWERS[_TIME_DIGITS - 1 :: -1] // _POWERS[_TIME_DIGITS - count]
+
+
+def _days_fit(spans: dict[tuple[int, int], int], days: dict[int, int]) -> bool:
+    """Whether rows (spans: (first day, last day) -> rows) can be given one day each so that
+    each day gets the count days says (the counts summing to the rows): day by day, each
+    day's count taken from the rows available whose span ends first (earliest deadline first,
+    which finds an assignment whenever one exists)."""
+    waiting = sorted(spans.items())
+    open_: list[list[int]] = []  # [last day, rows] of spans begun
+    i = 0
+    for day in sorted(days):
+        while i < len(waiting) and waiting[i][0][0] <= day:
+            heapq.heappush(open_, [waiting[i][0][1], waiting[i][1]])
+            i += 1
+        if open_ and open_[0][0] < day:
+            return False  # rows whose span ended before this day got none
+        need = days[day]
+        while need and open_:
+            take = min(need, open_[0][1])
+            open_[0][1] -= take
+            need -= take
+            if not open_[0][1]:
+                heapq.heappop(open_)
+        if need:
+            return False
+    return not open_ and i == len(waiting)
+
+
+def _staged_commit(
+    config: AnonymizeConfig, staged: StagedRecord
+) -> tuple[dict[str, list[SegmentFile]], dict[str, int]]:
+    """commit_id_map's segments and ids added from a night's record; a ValueError where one is
+    not what stage_night writes. The commit is derived from the run's own segment folder, not
+    taken on the record's word: the record must list exactly the files the job left there, each
+    checked against its checksums (the carried-files check), and the ids added are the rows
+    their verified footers hold. A record damaged on its way back from the job commits
+    nothing."""
     run = config.id_map
     if run is None:
-        return manifest, {}, {}, None, id_map.NightTimes()
+        return {}, {}
     version = run.base.version + 1
     segments = {
         kind: [
             SegmentFile(id_map.segment_path(run.directory, version, run.run_id, kind, shard), *sums)
-            for shard, sums in _staged_files(config, record["segments"][kind], kind)
+            for shard, sums in staged.segments[kind]
         ]
         for kind in KINDS
     }
@@ -706,27 +880,97 @@ def _staged_commit(
     segments = {kind: [_verified(segment) for segment in segments[kind]] for kind in KINDS}
     added = {kind: _added(config, kind, segments[kind]) for kind in KINDS}
     for kind in KINDS:
-        if added[kind] != _whole(record["added"][kind]):
+        if added[kind] != staged.added[kind]:
             raise ValueError(f"it says {kind} ids were added that its segment files do not hold")
-    return (manifest, segments, added, *_staged_times(record, any(added.values())))
+    if any(added.values()) and staged.times.last_ms is None:
+        raise ValueError("it adds ids for a night without a request")
+    return segments, added
+
+
+class StagedRecord(NamedTuple):
+    """A night's record (stage_night) once each field is what kvtrace writes there, in its
+    bounds: nothing more is known of it (staged_manifest, _staged_commit judge the rest)."""
+
+    manifest: Any
+    segments: dict[str, list[tuple[int, tuple[dict, dict, int]]]]  # by kind: shard, checksums
+    added: dict[str, int]
+    earliest_ms: int | None
+    times: id_map.NightTimes
+
+
+def _bounded(config: AnonymizeConfig, record: Any) -> StagedRecord:
+    """The record's fields exactly, each of its type and in its range (without an id map, the
+    record is its manifest alone), before any is used."""
+    if config.id_map is None:
+        return StagedRecord(
+            _items(record, {"manifest"})["manifest"], {}, {}, None, id_map.NightTimes()
+        )
+    _items(record, _RECORD_KEYS)
+    segments = {
+        kind: _staged_files(config, entries, kind)
+        for kind, entries in _items(record["segments"], KINDS).items()
+    }
+    added = {kind: _whole(n, MAX_IDS) for kind, n in _items(record["added"], KINDS).items()}
+    return StagedRecord(record["manifest"], segments, added, *_staged_times(record))
+
+
+def _items(value: Any, keys: Iterable[str]) -> dict:
+    """An object of the record with exactly the keys stage_night writes."""
+    wanted = f"an object of {', '.join(sorted(keys))}"
+    if type(value) is not dict:
+        raise ValueError(f"{shown(value)} where {wanted} belongs")
+    odd = sorted(value.keys() ^ set(keys))
+    if odd:
+        which = "no" if odd[0] in keys else "an unknown"
+        raise ValueError(f"{which} key {odd[0][:40]!r} in {wanted}")
+    return value
+
+
+# The record's fields as stage_night writes them: with an id map, and without one.
+_RECORD_KEYS = {"manifest", "segments", "added", "earliest_ms", "times"}
+_ENTRY_KEYS = ("shard", "data", "index", "rows")
+# A segment file's checksums as segments.parquet_checksum and checksum write them.
+_DATA_KEYS, _INDEX_KEYS = ("sha256", "bytes", "footer_sha256"), ("sha256", "bytes")
+_MAX_FILE_BYTES = 10**16 - 1  # the map's own bound on a listed size (map_record.CHECKSUMS)
+_HEX64 = re.compile("[0-9a-f]{64}")
 
 
 def _staged_files(
-    config: AnonymizeConfig, entries: list, kind: str
+    config: AnonymizeConfig, entries: Any, kind: str
 ) -> list[tuple[int, tuple[dict, dict, int]]]:
     """Each staged segment entry of a kind: its hash shard, its checksums and its rows."""
+    if type(entries) is not list or len(entries) > config.hash_shards:
+        raise ValueError(f"its {kind} segment files are not a list of at most one per hash shard")
+    entries = [_items(entry, _ENTRY_KEYS) for entry in entries]
     shards = [_whole(entry["shard"], config.hash_shards - 1) for entry in entries]
     if len(set(shards)) != len(shards):
         raise ValueError(f"a hash shard of {kind} twice")
     return [
-        (shard, (dict(entry["data"]), dict(entry["index"]), _whole(entry["rows"])))
+        (
+            shard,
+            (
+                _checksums(entry["data"], _DATA_KEYS),
+                _checksums(entry["index"], _INDEX_KEYS),
+                _whole(entry["rows"], MAX_IDS),
+            ),
+        )
         for shard, entry in zip(shards, entries)
     ]
 
 
+def _checksums(value: Any, keys: tuple[str, ...]) -> dict:
+    """A file's checksums as kvtrace writes them: digests in hex, a size within the map's."""
+    sums = _items(value, keys)
+    _whole(sums["bytes"], _MAX_FILE_BYTES)
+    if not all(type(sums[k]) is str and _HEX64.fullmatch(sums[k]) for k in keys if k != "bytes"):
+        raise ValueError(f"{shown(sums)} where a file's checksums belong")
+    return sums
+
+
 def _check_run_folder(folder: str, segments: dict[str, list[SegmentFile]]) -> None:
     """The files the record lists (each segment file and its index) are exactly those in the
-    run's segment folder: a file left out of the record would be in no version."""
+    run's segment folder, each index of the size the record gives it (read whole, so its size
+    bounds a read): a file left out of the record would be in no version."""
     listed = {
         name.rsplit("/", 1)[1]
         for kind in KINDS
@@ -740,6 +984,13 @@ def _check_run_folder(folder: str, segments: dict[str, list[SegmentFile]]) -> No
             f"it does not list the files the job wrote in {folder} "
             f"({len(odd)} differ, {shown(odd[0])} first)"
         )
+    for segment in (segment for kind in KINDS for segment in segments[kind]):
+        with storage.open_read(index_path(segment.path)) as handle:
+            size = handle.seek(0, io.SEEK_END)
+        if size != segment.index["bytes"]:
+            raise ValueError(
+                f"it says {index_path(segment.path)} is {segment.index['bytes']} bytes, not {size}"
+            )
 
 
 def _verified(segment: SegmentFile) -> SegmentFile:
@@ -766,23 +1017,25 @@ def _added(config: AnonymizeConfig, kind: str, segments: list[SegmentFile]) -> i
     return added
 
 
-def _staged_times(record: dict, any_added: bool) -> tuple[int | None, id_map.NightTimes]:
+def _staged_times(record: dict) -> tuple[int | None, id_map.NightTimes]:
     """The night's earliest time and its times, as stage_night writes them: null only for a
-    night without a request, which adds no id."""
+    night without a request."""
     earliest = record["earliest_ms"]
-    times = record["times"]
-    days = {_day(day): _whole(n, low=1) for day, n in times["days"].items()}
+    times = _items(record["times"], ("days", "last_ms"))
+    if type(times["days"]) is not dict or len(times["days"]) > MAX_DAYS:
+        raise ValueError(f"its days are not an object of at most {MAX_DAYS}")
+    days = {_day(day): _whole(n, MAX_IDS, low=1) for day, n in times["days"].items()}
     last = times["last_ms"]
     nulls = {earliest is None, not days, last is None}
-    if len(nulls) != 1 or (earliest is None and any_added):
+    if len(nulls) != 1:
         raise ValueError("its times are not those of a night with requests, nor of one without")
     return (
-        None if earliest is None else _whole(earliest, low=-(1 << 63)),
-        id_map.NightTimes(days, None if last is None else _whole(last)),
+        None if earliest is None else _whole(earliest, EPOCH_CEILING_MS),
+        id_map.NightTimes(days, None if last is None else _whole(last, EPOCH_CEILING_MS)),
     )
 
 
-def _whole(value: Any, high: int = (1 << 63) - 1, low: int = 0) -> int:
+def _whole(value: Any, high: int, low: int = 0) -> int:
     if not is_int(value, low, high):
         raise ValueError(f"{shown(value)} where a whole number from {low} to {high} belongs")
     return value
@@ -816,7 +1069,25 @@ def publish_staged(config: AnonymizeConfig, manifest: dict) -> dict:
     # The measured parts joined first, while nothing is published: from the publication on,
     # settling the run's letters is renames only (publish.DeadLetterRun).
     staged = read_bytes(manifest_path(config.staging), MAX_MANIFEST_BYTES)
+    check_staged(config.staging, staged)
     join_measured(config.dead_letter, sha256_of(staged))
     with publication():
         publish_folder(config.staging, config.output)
         return publish_block_hashes(config.block_hashes, config.staging, manifest)
+
+
+def check_staged(folder: str, staged: bytes) -> None:
+    """The staging folder holds exactly the files its manifest (staged: its bytes) lists, each
+    with the digest it gives, read from the bytes about to be published, last before the swap:
+    a file written after the manifest took its digest (a retried task's attempt still writing)
+    is a one-line JobStopped, nothing published."""
+    listed = dict(parse_json(staged)["sha256"]) | {MANIFEST: sha256_of(staged)}
+    found = staged_files(folder)
+    if found != listed:
+        odd = sorted(
+            name for name in found.keys() | listed.keys() if found.get(name) != listed.get(name)
+        )
+        raise JobStopped(
+            f"the staged output {folder} is not what its manifest lists ({odd[0][:40]!r} "
+            "differs: written after its digest, or not listed); nothing was published"
+        )

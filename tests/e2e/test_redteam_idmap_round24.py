@@ -49,7 +49,6 @@ night._stage_record = _damaged
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 24")
 @pytest.mark.parametrize("damage", sorted(_STAGED_DAMAGE))
 def test_a_beam_nights_staged_record_damaged_in_its_facts_commits_nothing(
     tiny_tokenizer, tmp_path, damage

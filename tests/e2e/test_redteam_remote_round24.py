@@ -69,7 +69,6 @@ night._stage_record = _damaged
 """
 
 
-@ROUND
 def test_a_staged_manifest_that_does_not_list_the_staged_files_publishes_nothing(
     tiny_tokenizer, tmp_path
 ):
@@ -114,7 +113,6 @@ night.stage_manifest = _late_write
 """
 
 
-@ROUND
 def test_a_staged_trace_file_that_is_not_the_manifests_publishes_nothing(tiny_tokenizer, tmp_path):
     """Promise (brief: a night publishes whole or not at all; the published folder is what
     its manifest says, which `kvtrace audit` checks). The launcher publishes the staging folder

@@ -157,7 +157,8 @@ def test_the_pipeline_only_stages_the_night_and_its_launcher_commits_the_id_map(
     assert not (tmp_path / "out" / NIGHT_RECORD).exists()  # private: never in the output
 
     # Damaged, the record stops the launcher in one line, committing nothing.
-    record.write_text(json.dumps({"manifest": manifest, "segments": {"blocks": [{"shard": -1}]}}))
+    entry = {**staged["segments"]["blocks"][0], "shard": -1}
+    record.write_text(json.dumps(staged | {"segments": {"blocks": [entry], "sessions": []}}))
     again = dataclasses.replace(job, id_map=map_run(tmp_path, job.salt))
     with pytest.raises(JobStopped, match=r"night\.json cannot be read \(.*-1.*\); nothing"):
         finish_staged(again)
@@ -172,8 +173,11 @@ def test_the_pipeline_only_stages_the_night_and_its_launcher_commits_the_id_map(
             "sha256",
             r"night\.json cannot be read \(its checksums of .*blocks-\d{5}\.parquet are not",
         ),
-        ("string size", r"night\.json cannot be read \(its checksums of .*blocks-\d{5}\.parquet"),
-        ("extra key", r"version 1 of the id map .* is not one kvtrace reads \(a file's checksum"),
+        # Refused at the record's bounds, before any file is read (anonymize_night._bounded).
+        ("string size", r'night\.json cannot be read \("\d+" \(str\) where a whole number'),
+        ("extra key", r"night\.json cannot be read \(an unknown key 'x' in an object of bytes"),
+        # An index's size is its file's before it is read (10**15 was a MemoryError).
+        ("index size", r"night\.json cannot be read \(it says .*index\.npz is 10{15} bytes, not"),
     ],
 )
 def test_a_night_record_whose_checksums_are_not_the_files_commits_nothing(
@@ -203,6 +207,8 @@ def test_a_night_record_whose_checksums_are_not_the_files_commits_nothing(
             entry["data"]["sha256"] = entry["index"]["sha256"] = "0" * 64
         elif damage == "extra key":
             entry["data"]["x"] = 1
+        elif damage == "index size":
+            entry["index"]["bytes"] = 10**15
         else:
             entry["data"]["bytes"] = str(entry["data"]["bytes"])
         record.write_text(json.dumps(staged))

@@ -317,3 +317,98 @@ def test_a_night_split_at_its_numbering_numbers_the_kept_published_requests_and_
     assert (tmp_path / "split-rejected").joinpath(DEAD_LETTER_FILE).read_bytes() == (
         tmp_path / "whole-rejected"
     ).joinpath(DEAD_LETTER_FILE).read_bytes()
+
+
+DAY = 86_400_000
+
+
+def row_times(step: int, *times: int) -> anonymize_night.RowTimes:
+    """RowTimes fed rows at times (ms from an origin at 0), published at granularity step."""
+    rows = anonymize_night.RowTimes(0, 0, step)
+    rows.add(b"".join(b'{"timestamp": %d, "input_length": 1}\n' % t for t in times), "t.jsonl")
+    return rows
+
+
+@pytest.mark.parametrize(
+    "step, days, fits",
+    [
+        (1, {0: 2, 1: 1}, True),
+        (1, {0: 3}, False),  # the row at DAY is day 1's, exactly
+        (1_000, {0: 3}, True),  # published at DAY, it may have been 500 ms before
+        (1_000, {0: 1, 1: 2}, False),  # only one row may lie on day 1
+        (1_000, {0: 2, 2: 1}, False),  # none on day 2
+        (1_000, {0: 2}, False),  # fewer than the rows
+    ],
+)
+def test_a_staged_records_days_must_be_an_assignment_of_its_rows_to_days(step, days, fits):
+    """The launcher holds a Beam night's requests per day to its staged rows: each row given a
+    day its unrounded time may lie on (a time rounded half up to the granularity)."""
+    from kvtrace.transforms.ids.id_map import NightTimes
+
+    rows = row_times(step, 0, DAY - 1_000, DAY)
+    if fits:
+        rows.check(0, NightTimes(days, DAY))
+    else:
+        with pytest.raises(ValueError, match="its requests per day are not those of its 3 rows"):
+            rows.check(0, NightTimes(days, DAY))
+
+
+@pytest.mark.parametrize(
+    "earliest, last, refusal",
+    [
+        (1, 2_000, "its earliest time starts the night at 1, its rows at 0"),
+        (0, 0, "its last time is 0, its rows' 2000"),
+    ],
+)
+def test_a_staged_records_first_and_last_times_must_be_its_rows(earliest, last, refusal):
+    from kvtrace.transforms.ids.id_map import NightTimes
+
+    with pytest.raises(ValueError, match=refusal):
+        row_times(1, 0, 2_000).check(earliest, NightTimes({0: 2}, last))
+
+
+def test_a_staged_row_must_begin_with_its_time():
+    with pytest.raises(ValueError, match="does not begin with its time"):
+        anonymize_night.RowTimes(0, 0, 1).add(b'{"input_length": 1, "timestamp": 0}\n', "t.jsonl")
+
+
+@pytest.mark.parametrize("fault", ["none", "appended", "leftover", "missing"])
+def test_a_staged_folder_is_published_only_as_its_manifest_lists_it(tmp_path, fault):
+    """check_staged, last before the swap: every file the manifest lists, with its digest, and
+    no other; a one-line JobStopped otherwise."""
+    folder = tmp_path / "staging"
+    folder.mkdir()
+    (folder / "trace.jsonl").write_bytes(b"rows\n")
+    (folder / "stats.json").write_bytes(b"{}")
+    sha256 = {name: hashlib.sha256(b).hexdigest() for name, b in [("trace.jsonl", b"rows\n")]}
+    sha256["stats.json"] = hashlib.sha256(b"{}").hexdigest()
+    staged = json.dumps({"sha256": sha256}).encode()
+    (folder / "manifest.json").write_bytes(staged)
+    if fault == "appended":
+        (folder / "trace.jsonl").write_bytes(b"rows\nlate\n")
+    elif fault == "leftover":
+        (folder / "other.jsonl").write_bytes(b"")
+    elif fault == "missing":
+        (folder / "stats.json").unlink()
+    if fault == "none":
+        anonymize_night.check_staged(str(folder), staged)
+        return
+    with pytest.raises(JobStopped, match="is not what its manifest lists") as refused:
+        anonymize_night.check_staged(str(folder), staged)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "lines, times",
+    [
+        (b"", []),
+        (b'{"timestamp": 0, "x": 1}\n{"timestamp": 1099511627775, "x": 1}\n', [0, 1099511627775]),
+        (b'{"timestamp": 01, "x": 1}\n', None),  # a leading zero: not as kvtrace writes it
+        (b'{"timestamp": -1, "x": 1}\n', None),
+        (b'{"timestamp": 12345678901234567, "x": 1}\n', None),  # past any published int
+        (b'{"x": 1, "timestamp": 5}\n', None),
+    ],
+)
+def test_a_staged_rows_time_is_read_from_its_start_as_kvtrace_writes_it(lines, times):
+    found = anonymize_night._leading_times(lines)
+    assert (found if found is None else found.tolist()) == times
