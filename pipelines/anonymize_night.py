@@ -454,10 +454,10 @@ def write_dead_letters(
     staged runs and letters merged in their declared order (dead_letters.py). Returns the
     file's path; None for a run that rejected nothing, which leaves no file to publish."""
     letters = list(letters)  # a few held in memory (a window's, the minority timestamp kind's)
-    path = merge_runs(storage.join(directory, DEAD_LETTER_FILE), staged, letters)
     if staged.tally.count or letters:
-        return path
-    storage.delete([path])
+        return merge_runs(storage.join(directory, DEAD_LETTER_FILE), staged, letters)
+    # No file, never an empty one made and removed: an object store refuses an empty upload.
+    storage.delete(list(staged.files))  # empty runs, if any were staged
     return None
 
 

@@ -184,3 +184,21 @@ def emulator(tmp_path_factory) -> Iterator[str]:
         yield started.stdout.strip().rpartition("=")[2]
     finally:
         subprocess.run([script, "stop"], env=env, check=True)
+
+
+@pytest.fixture
+def s3(monkeypatch) -> Iterator[object]:
+    """An S3 mock (moto) in this process, Beam's S3 filesystem set to reach it: a boto3 client
+    of it (a test makes its buckets). Beam is imported: mark the test `beam`."""
+    moto = pytest.importorskip("moto")
+    import boto3
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    options = ["--s3_region_name=us-east-1", "--s3_access_key_id=testing"]
+    options += ["--s3_secret_access_key=testing"]
+    monkeypatch.setattr(FileSystems, "_pipeline_options", PipelineOptions(options))
+    with moto.mock_aws():
+        yield boto3.client("s3", region_name="us-east-1")

@@ -303,7 +303,7 @@ def test_a_window_may_reference_earlier_windows_ids_with_other_chains(made, tmp_
 
 
 @pytest.mark.parametrize("channel", ["metadata", "versions"])
-def test_an_object_stores_metadata_and_history_are_never_read(made, monkeypatch, channel):
+def test_an_object_stores_metadata_and_history_are_never_read(made, s3, channel):
     """Locally the gate refuses every extended attribute (_check_attributes: "they travel with
     copies"), but a folder on s3:// or gs:// is listed and read through Beam, which sees the
     current objects' names and bytes only. metadata: each object's user metadata (x-amz-meta-*
@@ -313,47 +313,23 @@ def test_an_object_stores_metadata_and_history_are_never_read(made, monkeypatch,
     versioned bucket (the usual guard against deletes), noncurrent versions under the folder's
     prefix (a deleted secret.txt, each file's earlier bytes) stay readable by versionId to
     whoever may read versions; the gate lists none. Both publishable."""
-    moto = pytest.importorskip("moto")
-    import boto3
-    from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(key, "testing")
-    monkeypatch.setattr(
-        FileSystems,
-        "_pipeline_options",
-        PipelineOptions(
-            [
-                "--s3_region_name=us-east-1",
-                "--s3_access_key_id=testing",
-                "--s3_secret_access_key=testing",
-            ]
-        ),
-    )
-    with moto.mock_aws():
-        s3 = boto3.client("s3", region_name="us-east-1")
-        s3.create_bucket(Bucket="published")
-        extra = {}
-        if channel == "metadata":
-            extra = {
-                "Metadata": {"note": TEXT.decode()},
-                "Tagging": "ssn=078-05-1120",
-                "ContentType": "text/x-patient-jane-doe",
-            }
-        else:
-            s3.put_bucket_versioning(
-                Bucket="published", VersioningConfiguration={"Status": "Enabled"}
-            )
-            s3.put_object(Bucket="published", Key="out/secret.txt", Body=TEXT)
-            s3.delete_object(Bucket="published", Key="out/secret.txt")
-        for path in made["plain"].iterdir():
-            if channel == "versions":
-                s3.put_object(Bucket="published", Key=f"out/{path.name}", Body=TEXT)
-            s3.put_object(
-                Bucket="published", Key=f"out/{path.name}", Body=path.read_bytes(), **extra
-            )
-        report = gate.audit("s3://published/out", made["tokenizer"])
+    s3.create_bucket(Bucket="published")
+    extra = {}
+    if channel == "metadata":
+        extra = {
+            "Metadata": {"note": TEXT.decode()},
+            "Tagging": "ssn=078-05-1120",
+            "ContentType": "text/x-patient-jane-doe",
+        }
+    else:
+        s3.put_bucket_versioning(Bucket="published", VersioningConfiguration={"Status": "Enabled"})
+        s3.put_object(Bucket="published", Key="out/secret.txt", Body=TEXT)
+        s3.delete_object(Bucket="published", Key="out/secret.txt")
+    for path in made["plain"].iterdir():
+        if channel == "versions":
+            s3.put_object(Bucket="published", Key=f"out/{path.name}", Body=TEXT)
+        s3.put_object(Bucket="published", Key=f"out/{path.name}", Body=path.read_bytes(), **extra)
+    report = gate.audit("s3://published/out", made["tokenizer"])
     assert not report["publishable"], "the gate accepted it: " + json.dumps(report["flags"])
     assert report["flags"] == [gate.REMOTE_FOLDER]  # the objects' bytes read as kvtrace's
 

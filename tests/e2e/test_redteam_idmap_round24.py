@@ -257,25 +257,8 @@ def test_upgrade_refuses_a_keyed_map_whose_versions_are_not_one_chain(tiny_token
     assert said.returncode != 0 and len(errors) == 1, said.stdout + said.stderr[-2000:]
 
 
-def _mocked_s3(monkeypatch) -> object:
-    """The moto module, once Beam's S3 filesystem is set to reach its mock (as
-    tests/e2e/test_gate_redteam_round4.py does)."""
-    moto = pytest.importorskip("moto")
-    from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(name, "testing")
-    options = ["--s3_region_name=us-east-1", "--s3_access_key_id=testing"]
-    options += ["--s3_secret_access_key=testing"]
-    monkeypatch.setattr(FileSystems, "_pipeline_options", PipelineOptions(options))
-    return moto
-
-
 @pytest.mark.beam
-def test_an_id_map_on_s3_is_extended_by_its_first_night(
-    tiny_tokenizer, tmp_path, monkeypatch, capsys
-):
+def test_an_id_map_on_s3_is_extended_by_its_first_night(tiny_tokenizer, tmp_path, s3, capsys):
     """Promise (docs/ID_MAP.md and `kvtrace id-map --help`: a map is 'local, gs:// or s3://';
     exclusive.py: on S3 a commit checks that the name is free, then creates it; brief: a
     night publishes whole or not at all, a failure is one line that says what happened). A
@@ -290,17 +273,12 @@ def test_an_id_map_on_s3_is_extended_by_its_first_night(
     every later night fails the same way as the map opens (id_map.finish_interrupted_commit
     marks the folder again), so the map can never be extended nor its first night
     published."""
-    moto = _mocked_s3(monkeypatch)
-    import boto3
-
     (tmp_path / "salt").write_bytes(MAP_SALT)
     flags = ["--block-size", "4", "--quiet", "--id-map", "s3://maps/map"]
     flags += ["--id-map-marks", str(tmp_path / "marks"), "--salt-file", str(tmp_path / "salt")]
-    with moto.mock_aws():
-        s3 = boto3.client("s3", region_name="us-east-1")
-        s3.create_bucket(Bucket="maps")
-        code = anonymize(tiny_tokenizer, [map_night(tmp_path, 0)], tmp_path / "out0", *flags)
-        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="maps").get("Contents", [])]
+    s3.create_bucket(Bucket="maps")
+    code = anonymize(tiny_tokenizer, [map_night(tmp_path, 0)], tmp_path / "out0", *flags)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="maps").get("Contents", [])]
     assert code == 0, capsys.readouterr().err[-2000:]
     assert "map/CURRENT" in keys and any(k.endswith("/COMMITTED") for k in keys), keys
     assert (tmp_path / "out0" / "manifest.json").exists()
@@ -308,7 +286,7 @@ def test_an_id_map_on_s3_is_extended_by_its_first_night(
 
 @pytest.mark.beam
 def test_a_remote_folder_of_marks_is_accepted_by_the_maps_second_night(
-    tiny_tokenizer, tmp_path, monkeypatch, capsys
+    tiny_tokenizer, tmp_path, s3, capsys
 ):
     """Promise (docs/ID_MAP.md, Rollback: '--id-map-marks DIR (local, gs://, s3://)', 'give
     the same folder every night'; configs/dataflow.yaml and deploy/schedule/cronjob.yaml ship
@@ -323,16 +301,12 @@ def test_a_remote_folder_of_marks_is_accepted_by_the_maps_second_night(
     s3:// or gs:// --id-map is refused the same way for its CURRENT (measured on the S3 mock
     once its empty COMMITTED object is written: the test above): no remote map, nor a local
     one anchored remotely, ever publishes a second night."""
-    moto = _mocked_s3(monkeypatch)
-    import boto3
-
     (tmp_path / "salt").write_bytes(MAP_SALT)
     flags = ["--block-size", "4", "--quiet", "--id-map", str(tmp_path / "map")]
     flags += ["--id-map-marks", "s3://marks/kv", "--salt-file", str(tmp_path / "salt")]
-    with moto.mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="marks")
-        for day in range(2):
-            out = tmp_path / f"out{day}"
-            code = anonymize(tiny_tokenizer, [map_night(tmp_path, day)], out, *flags)
-            assert code == 0, f"night {day}: " + capsys.readouterr().err[-2000:]
+    s3.create_bucket(Bucket="marks")
+    for day in range(2):
+        out = tmp_path / f"out{day}"
+        code = anonymize(tiny_tokenizer, [map_night(tmp_path, day)], out, *flags)
+        assert code == 0, f"night {day}: " + capsys.readouterr().err[-2000:]
     assert (tmp_path / "map" / "versions" / "000002.json").exists()

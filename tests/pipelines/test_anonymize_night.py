@@ -412,3 +412,18 @@ def test_a_staged_folder_is_published_only_as_its_manifest_lists_it(tmp_path, fa
 def test_a_staged_rows_time_is_read_from_its_start_as_kvtrace_writes_it(lines, times):
     found = anonymize_night._leading_times(lines)
     assert (found if found is None else found.tolist()) == times
+
+
+@pytest.mark.beam
+def test_a_run_that_rejected_nothing_writes_no_letters_file_on_an_object_store(s3):
+    """No file, never an empty one made and then removed: an object store refuses an empty
+    upload (S3: a multipart upload of no part), which failed every s3:// night without a letter;
+    letters there are written as they are locally."""
+    s3.create_bucket(Bucket="letters")
+    assert anonymize_night.write_dead_letters("s3://letters/run", []) is None
+    assert "Contents" not in s3.list_objects_v2(Bucket="letters")
+    letter = DeadLetter("in.jsonl", b"{}", "wrong_type", "messages is a number")
+    path = anonymize_night.write_dead_letters("s3://letters/run", [letter])
+    assert path is not None and path.startswith("s3://letters/run/")
+    (written,) = s3.list_objects_v2(Bucket="letters")["Contents"]
+    assert b"wrong_type" in s3.get_object(Bucket="letters", Key=written["Key"])["Body"].read()

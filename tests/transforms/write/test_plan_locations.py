@@ -434,22 +434,10 @@ def test_a_private_file_in_a_folder_others_may_write_is_refused_before_the_work(
 
 
 @pytest.fixture
-def bucket(monkeypatch):
-    """s3://bucket on moto's mock, Beam's S3 filesystem set to reach it."""
-    moto = pytest.importorskip("moto")
-    import boto3
-    from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(name, "testing")
-    options = ["--s3_region_name=us-east-1", "--s3_access_key_id=testing"]
-    monkeypatch.setattr(
-        FileSystems, "_pipeline_options", PipelineOptions([*options, "--s3_secret_access_key=x"])
-    )
-    with moto.mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bucket")
-        yield "s3://bucket"
+def bucket(s3):
+    """s3://bucket on the S3 mock (conftest.s3)."""
+    s3.create_bucket(Bucket="bucket")
+    return "s3://bucket"
 
 
 def _put(url: str, data: bytes = b"{}") -> None:
