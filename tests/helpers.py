@@ -1001,3 +1001,17 @@ def qwen3_run(
         *options,
     )
     return code, trace(out) if out.exists() else [], letters(dead) if dead.exists() else []
+
+
+def staged_record_prelude(damage: str, holding: str = "segments") -> str:
+    """A kvtrace_child prelude that damages a Beam night's record (anonymize_night.
+    _stage_record) between the job that stages it and the launcher that commits and publishes
+    from it: damage, statements on `record` (and `config`), runs on a record holding `holding`."""
+    import textwrap
+
+    body = textwrap.indent(textwrap.dedent(damage).strip(), " " * 8)
+    return (
+        "\nimport kvtrace.pipelines.anonymize_night as night\n_stage = night._stage_record\n"
+        f"def _damaged(config, record):\n    if {holding!r} in record:\n{body}\n"
+        "    return _stage(config, record)\nnight._stage_record = _damaged\n"
+    )

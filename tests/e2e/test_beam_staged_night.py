@@ -11,24 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SALT, chat, kvtrace_child, write_jsonl
+from helpers import SALT, chat, kvtrace_child, staged_record_prelude, write_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.beam]
 
 # What the launcher may meet in the staging folder the job left, or in the record it staged.
 _FAULTS = {
     # The record's manifest short of one staged trace file (its files and sha256 entries).
-    "a_file_left_out_of_the_records_manifest": """
-import kvtrace.pipelines.anonymize_night as night
-_stage = night._stage_record
-def _damaged(config, record):
-    if "manifest" in record:
+    "a_file_left_out_of_the_records_manifest": staged_record_prelude(
+        """
         name = next(f for f in record["manifest"]["files"] if f.startswith("trace-"))
         record["manifest"]["files"].remove(name)
         del record["manifest"]["sha256"][name]
-    return _stage(config, record)
-night._stage_record = _damaged
-""",
+        """,
+        "manifest",
+    ),
     # A file in the staging folder no manifest lists (a retried task's attempt's leftover).
     "a_staged_file_no_manifest_lists": """
 import os

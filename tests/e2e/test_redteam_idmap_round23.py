@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from helpers import KVTRACE, kvtrace_child, map_night, map_of_nights
+from helpers import KVTRACE, kvtrace_child, map_night, map_of_nights, staged_record_prelude
 
 pytestmark = pytest.mark.slow
 
@@ -22,18 +22,6 @@ _STAGED_DAMAGE = {
     "a_segment_entry_dropped": 'record["segments"]["blocks"] = record["segments"]["blocks"][:-1]',
     "one_id_fewer_added": 'record["added"]["blocks"] -= 1',
 }
-
-
-def _damaging_the_staged_record(damage: str) -> str:
-    return f"""
-import kvtrace.pipelines.anonymize_night as night
-_stage = night._stage_record
-def _damaged(config, record):
-    if "segments" in record:
-        {damage}
-    return _stage(config, record)
-night._stage_record = _damaged
-"""
 
 
 @pytest.mark.beam
@@ -63,7 +51,7 @@ def test_a_beam_nights_staged_record_damaged_short_of_its_files_commits_nothing(
         "--engine",
         "beam",
         *common,
-        prelude=_damaging_the_staged_record(_STAGED_DAMAGE[damage]),
+        prelude=staged_record_prelude(_STAGED_DAMAGE[damage]),
         timeout=180,
     )
     errors = [line for line in said.stderr.splitlines() if line.startswith("error:")]

@@ -22,6 +22,7 @@ from helpers import (
     map_night,
     map_of_nights,
     peak_rss_mb,
+    staged_record_prelude,
     write_jsonl,
 )
 
@@ -34,18 +35,6 @@ _STAGED_DAMAGE = {
     "the_manifests_start_moved": 'record["manifest"]["id_map"]["time_from_ms"] += 1',
     "its_last_time_lowered": 'record["times"]["last_ms"] = 0',
 }
-
-
-def _damaging_the_staged_record(damage: str) -> str:
-    return f"""
-import kvtrace.pipelines.anonymize_night as night
-_stage = night._stage_record
-def _damaged(config, record):
-    if "segments" in record:
-        {damage}
-    return _stage(config, record)
-night._stage_record = _damaged
-"""
 
 
 @pytest.mark.beam
@@ -81,7 +70,7 @@ def test_a_beam_nights_staged_record_damaged_in_its_facts_commits_nothing(
         "--engine",
         "beam",
         *common,
-        prelude=_damaging_the_staged_record(_STAGED_DAMAGE[damage]),
+        prelude=staged_record_prelude(_STAGED_DAMAGE[damage]),
         timeout=180,
     )
     errors = [line for line in said.stderr.splitlines() if line.startswith("error:")]

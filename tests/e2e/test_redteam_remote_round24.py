@@ -28,6 +28,7 @@ from helpers import (
     chat,
     free_ports,
     kvtrace_child,
+    staged_record_prelude,
     write_jsonl,
 )
 
@@ -56,17 +57,14 @@ def night(folder: Path) -> list[str]:
 
 # The night's record (anonymize_night.stage_night) as the job stages it for the launcher, its
 # manifest damaged on the way: one trace file's entry gone from `files` and `sha256`.
-_MANIFEST_SHORT_OF_A_FILE = """
-import kvtrace.pipelines.anonymize_night as night
-_stage = night._stage_record
-def _damaged(config, record):
-    if "manifest" in record:
-        name = next(f for f in record["manifest"]["files"] if f.endswith(".parquet"))
-        record["manifest"]["files"].remove(name)
-        del record["manifest"]["sha256"][name]
-    return _stage(config, record)
-night._stage_record = _damaged
-"""
+_MANIFEST_SHORT_OF_A_FILE = staged_record_prelude(
+    """
+    name = next(f for f in record["manifest"]["files"] if f.endswith(".parquet"))
+    record["manifest"]["files"].remove(name)
+    del record["manifest"]["sha256"][name]
+    """,
+    "manifest",
+)
 
 
 def test_a_staged_manifest_that_does_not_list_the_staged_files_publishes_nothing(
