@@ -258,8 +258,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="also publish parent_row: the row number of the request each one continues or was "
-        "spawned by, where the logs link them (a Responses previous_response_id, a tool "
-        "result's call id); structure only, never an id",
+        "spawned by, where the logs link them (a tool result's call id, within its session; "
+        "a Responses previous_response_id is a stored_context letter); structure only, never "
+        "an id",
     )
     add(
         "--segment-cache-mb",
