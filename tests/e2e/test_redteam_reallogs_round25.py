@@ -118,3 +118,39 @@ def test_a_stream_logged_as_its_raw_event_stream_is_served_not_a_letter(tmp_path
     code, rows, dead = qwen3_run(tmp_path, [plain, streamed], "--max-rejected-fraction", "1")
     assert (code, dead) == (0, [])
     assert [row["output_length"] for row in rows][1:] == [3]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 25")
+def test_a_log_row_holding_its_request_and_response_as_json_text_is_served_not_a_letter(tmp_path):
+    """No false letter (the raw-body hole above, its other shape). A gateway's log table keeps
+    the request and response bodies in JSON columns; exported to Parquet or read through a
+    text column, each is its JSON text, a string. kvtrace takes a body only as an object
+    (records._request_body, shapes), so the row, a request the engine served, is a letter
+    ("proxy_server_request is a string, not an object"), and a night of such rows is refused
+    whole. Promised: the row read as its decoded twin is (here: 2 rows, its usage's 2 output
+    tokens)."""
+    response = {
+        "id": "chatcmpl-2",
+        "object": "chat.completion",
+        "created": T0 // 1000 + 1,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "At noon."},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 21, "completion_tokens": 2, "total_tokens": 23},
+    }
+    plain = {"timestamp": T0, "request": {"model": "m", "messages": QUESTION}, "output": "Noon."}
+    row = {
+        "request_id": "r1",
+        "call_type": "acompletion",
+        "status": "success",
+        "startTime": "2025-11-21T04:40:01.000Z",
+        "proxy_server_request": json.dumps({"model": "m", "messages": QUESTION}),
+        "response": json.dumps(response),
+    }
+    code, rows, dead = qwen3_run(tmp_path, [plain, row], "--max-rejected-fraction", "1")
+    assert (code, dead) == (0, [])
+    assert [row["output_length"] for row in rows][1:] == [2]
