@@ -1,6 +1,6 @@
 """Red team round 25, the streaming pipeline: reproducers of holes in its promises (a window
 published once a request of its run passed its deadline, whatever windows between them stayed
-empty), run on Beam's DirectRunner with a TestStream (its source's clock: the watermark)."""
+empty; nothing read lost when the writer fails after a window's publish), run on Beam's DirectRunner with a TestStream (its source's clock: the watermark)."""
 
 from __future__ import annotations
 
@@ -55,3 +55,45 @@ def test_a_sparse_streams_first_window_is_published_once_a_later_request_passed_
     rejected = sparse_then_one_back(tiny_tokenizer, tmp_path, 5 * MINUTE)
     assert [letter["error"] for letter in letters(rejected)] == ["late"]
     assert stream_counts(rejected) == {"read": 5, "exported": 4, "rejected": 1}
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 25")
+def test_a_writer_failing_after_a_windows_publish_loses_none_of_what_the_stream_read(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: every message exported once or dead-lettered with a reason; a writer that
+    cannot write drains the stream and stops it in one line, or counts in that line what was
+    neither published nor lettered (docs/STREAMING.md: "A window the writer cannot publish ...
+    is never lost"). Round 24's fix (WriteWindows._write) catches a failure only inside
+    _publish_window: one right after it, in write_cumulative (cumulative.json or the run
+    counts: the disk filled by the window's own files, the dead-letter folder's disk full or
+    its permission changed), escapes the DoFn, Beam retries the bundle 4 times (publishing
+    window-000000 again each time) and the job dies undrained: the requests of the windows
+    still open were read (acknowledged on pull on the DirectRunner) and are published nowhere,
+    lettered nowhere, counted nowhere, and no line says so. Here a directory stands where
+    cumulative.json is written first (its .tmp): window-000000's four requests and the poison
+    message's letter are published, the two requests of window 2 are gone."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import message, run_stream, stream_chat, streaming_config
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    output = Path(config.job.output)
+    (output / ".cumulative.json.tmp").mkdir()  # cumulative.json cannot be written
+    now = int(time.time())  # the source's clock (s)
+    first = [message(stream_chat(STREAM_START_MS + 1000 * i, i)) for i in range(4)]
+    stream = (
+        TestStream()
+        .add_elements([*first, b"not json"])
+        .advance_watermark_to(now + 1)
+        .add_elements([message(stream_chat(STREAM_START_MS + 150_000, 7))])  # passes window 0
+        .advance_watermark_to(now + 2)  # window 0 published, then its totals fail
+        .add_elements([message(stream_chat(STREAM_START_MS + 160_000, 8))])
+        .advance_watermark_to_infinity()
+    )
+    with pytest.raises(Exception):  # the stop: one line, whatever it says
+        run_stream(config, stream)
+    rows = sum(len(path.read_text().splitlines()) for path in output.glob("window-*/trace-*.jsonl"))
+    assert rows + len(letters(Path(config.job.dead_letter))) == 7
