@@ -637,48 +637,87 @@ class WriteWindows(beam.DoFn):
                 answers.add((window, answer))
         progress = progress_state.read() or Progress()
         for plan, published in taken:
+            own = [a for w, a in answered if isinstance(plan, WindowPlan) and w == plan.window]
+            yield from self._write_plan(plan, published, own, progress)
+        progress_state.write(progress)
+
+    def _write_plan(
+        self, plan: WindowPlan | LettersPlan, published: Published, own: list, progress: Progress
+    ) -> Iterator[dict]:
+        """One plan, its window or letters published with cumulative.json and the run counts,
+        under one failure handler: whatever step fails (the window, the totals after it, the
+        counts), the stream drains and stops (stream_drain.fail), and what the failure left
+        unpublished is letters (_unpublished), so no failure escapes the step (Beam would
+        retry the bundle and the job die undrained, losing what the open windows hold)."""
+        if progress.failed is None:
             # What cumulative.json says of the windows: the controller's, while the writer
             # publishes them; after a window it could not, only the windows before it.
             before = (progress.windows, progress.published_ms, progress.origin_ms)
-            if progress.failed is None:
-                progress.windows, progress.published_ms, progress.origin_ms = published
-            if not isinstance(plan, WindowPlan):
-                progress.rejected += len(plan.letters)
-                write_cumulative(self._config, progress, (plan.name, plan.letters))
-                continue
-            if progress.failed is None:
-                own = [answer for window, answer in answered if window == plan.window]
-                manifest = self._write(plan, window_ids(plan, own), progress)
+            counts = (progress.rows, progress.rejected, dict(progress.next_id))
+            progress.windows, progress.published_ms, progress.origin_ms = published
+            manifest = None
+            try:
+                if isinstance(plan, WindowPlan):
+                    manifest = self._write(plan, window_ids(plan, own), progress)
+                else:
+                    progress.rejected += len(plan.letters)
+                write_cumulative(self._config, progress, self._letters_of(plan))
+            except (JobStopped, OutputRefused, OSError) as err:
+                progress.failed = (
+                    f"{type(err).__name__}: {JobStopped.message_in(err) or err}".splitlines()[0]
+                )
+                logging.error("%s: the stream stops: %s", plan.name, progress.failed)
+                fail(err)
+                if manifest is not None:  # renamed into place: exported, whatever failed after
+                    yield manifest
+                    return
+                if isinstance(plan, LettersPlan) and storage.exists(self._published(plan)):
+                    return  # its letters stand published: counted as they are
+                progress.windows, progress.published_ms, progress.origin_ms = before
+                progress.rows, progress.rejected, progress.next_id = counts
+            else:
                 if manifest is not None:
                     yield manifest
-                    continue
-                progress.windows, progress.published_ms, progress.origin_ms = before
-            self._unpublished(plan, progress)
-        progress_state.write(progress)
+                return
+        self._unpublished(plan, progress)
 
-    def _unpublished(self, plan: WindowPlan, progress: Progress) -> None:
-        """A window not published (the writer failed on it or on one before it: no later window
+    @staticmethod
+    def _letters_of(plan: WindowPlan | LettersPlan) -> tuple[str, list[DeadLetter]] | None:
+        """A letters run's (name, letters) published with cumulative.json; a window's go with it."""
+        return None if isinstance(plan, WindowPlan) else (plan.name, plan.letters)
+
+    def _published(self, plan: LettersPlan) -> str:
+        """Where a letters run's letters stand once published."""
+        run = self._config.run_name(plan.name)
+        return storage.join(self._config.job.dead_letter, f"rejected-{run}.jsonl")
+
+    def _unpublished(self, plan: WindowPlan | LettersPlan, progress: Progress) -> None:
+        """A plan not published (the writer failed on it or on one before it: no later window
         may follow a missing one) is dead letters, counted: its records' letters as they were,
-        its requests' (text-free: their times from the zero and lengths) with the cause."""
-        requests = plan.requests.whole.requests
-        lost = [
-            DeadLetter(
-                shown_name(self._config.source),
-                row_identity(row),
-                UNPUBLISHED_WINDOW,
-                f"{plan.name} was not published: {progress.failed}",
-            )
-            for row in requests
-        ]
-        progress.rejected += plan.read
-        letters = plan.requests.held + lost
+        a window's requests' (text-free: their times from the zero and lengths) with the cause.
+        They go with the run counts, not cumulative.json: no window is added, so the totals
+        stand as they are, and a writer that cannot write those still letters what it read."""
+        if isinstance(plan, LettersPlan):
+            letters, read, name = plan.letters, len(plan.letters), plan.name
+        else:
+            lost = [
+                DeadLetter(
+                    shown_name(self._config.source),
+                    row_identity(row),
+                    UNPUBLISHED_WINDOW,
+                    f"{plan.name} was not published: {progress.failed}",
+                )
+                for row in plan.requests.whole.requests
+            ]
+            letters, read, name = plan.requests.held + lost, plan.read, f"unpublished-{plan.name}"
+        progress.rejected += read
         try:
-            write_cumulative(self._config, progress, (f"unpublished-{plan.name}", letters))
+            write_letters(self._config, progress, (name, letters))
         except (JobStopped, OutputRefused, OSError) as err:
             # The letters cannot be written either (a full disk): nothing lost silently, the
             # stream stops with one line counting the records neither published nor lettered.
-            progress.rejected -= plan.read
-            progress.unwritten += plan.read
+            progress.rejected -= read
+            progress.unwritten += read
             cause = f"{type(err).__name__}: {JobStopped.message_in(err) or err}".splitlines()[0]
             line = (
                 f"{progress.unwritten} records read were neither published nor lettered: "
@@ -688,23 +727,11 @@ class WriteWindows(beam.DoFn):
             logging.error("%s", line)
             fail(JobStopped(line), supersede=True)
 
-    def _write(
-        self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress
-    ) -> dict | None:
+    def _write(self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress) -> dict:
         """One window as a night of the batch job, its ids continuing the stream's, its
-        manifest; None when it could not be published. Whole in one attempt: a retried or
-        restored one starts again from nothing."""
-        try:
-            manifest = self._publish_window(plan, numbered, progress)
-        except (JobStopped, OutputRefused, OSError) as err:
-            # Anything the writer cannot publish (a folder at the window's name, a full disk):
-            # the window and every later one are letters (_unpublished), and the stream
-            # drains, then stops with this line (stream_drain.fail), never losing what it read.
-            progress.failed = f"{type(err).__name__}: {JobStopped.message_in(err) or err}"
-            progress.failed = progress.failed.splitlines()[0]
-            logging.error("%s was not published, the stream stops: %s", plan.name, progress.failed)
-            fail(err)
-            return None
+        manifest, counted. Whole in one attempt: a retried or restored one starts again from
+        nothing."""
+        manifest = self._publish_window(plan, numbered, progress)
         for kind, ids in numbered.items():
             progress.next_id[kind] += ids.added_count
         exported = manifest["records"]["exported"]
@@ -712,7 +739,6 @@ class WriteWindows(beam.DoFn):
         self._windows.inc()
         self._rows.inc(exported)
         progress.rejected += plan.read - exported  # each exported or a letter
-        write_cumulative(self._config, progress)
         return manifest
 
     def _publish_window(
@@ -833,6 +859,26 @@ def write_cumulative(
     set_content_times(config.job.output)
     # Last: once it counts a record, the window or letters holding it are published.
     _replace(config.run_counts(), canonical_json(stream_run_counts(progress)), private=True)
+
+
+def write_letters(
+    config: StreamingConfig, progress: Progress, letters: tuple[str, list[DeadLetter]]
+) -> None:
+    """Letters (a run's name, its dead letters) published with the run counts that count them,
+    cumulative.json untouched (no window added): how a stream whose writer failed letters
+    what it read, whatever stops cumulative.json being written."""
+    path = config.run_counts()
+    folder, name = path.rsplit("/", 1)
+    temporary = storage.join(folder, f".{name}.tmp")
+    with storage.create(temporary, private=True) as handle:
+        handle.write(canonical_json(stream_run_counts(progress)))
+    run_name, dead_letters = letters
+    rejected = DeadLetterRun(config.job.dead_letter, path, config.run_name(run_name))
+    storage.remove_folder(rejected.staging)  # an attempt killed mid-way: not part of this one
+    rejected.begin(temporary)  # the rename keeps the file's identity
+    write_dead_letters(rejected.staging, dead_letters)
+    storage.rename(temporary, path)
+    rejected.settle(run_succeeded=True)
 
 
 def _replace(path: str, content: bytes, private: bool) -> None:

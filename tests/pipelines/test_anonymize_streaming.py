@@ -553,14 +553,11 @@ def test_letters_that_cannot_be_written_either_stop_the_stream_in_one_line_count
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     monkeypatch.setattr(stream_drain, "_FAILURES", [])
     monkeypatch.setattr(anonymize_streaming, "LETTER_DELAY_S", 3600)
-    written = anonymize_streaming.write_cumulative
 
-    def full_disk(config, progress, letters=None):
-        if letters is not None and letters[0].startswith("unpublished-"):
-            raise OSError(28, "No space left on device")
-        written(config, progress, letters)
+    def full_disk(config, progress, letters):
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(anonymize_streaming, "write_cumulative", full_disk)
+    monkeypatch.setattr(anonymize_streaming, "write_letters", full_disk)
     config = streaming_config(tmp_path, tiny_tokenizer)
     anonymize_streaming.claim_window(config.job.output, "window-000000")
     blocked = Path(config.job.output) / "window-000000"
