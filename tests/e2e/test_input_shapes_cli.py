@@ -332,20 +332,32 @@ def _as_text(record: dict) -> dict:
     return text
 
 
-def test_bodies_kept_as_text_give_the_bytes_their_json_twin_gives(tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("kept", ["jsonl", "parquet"])
+def test_bodies_kept_as_text_give_the_bytes_their_json_twin_gives(tiny_tokenizer, tmp_path, kept):
+    """A spend-log table's JSON columns as text, in JSONL or Parquet, and a raw event stream."""
     chunks = [
         {"created": 1_732_700_010, "choices": [{"index": 0, "delta": {"content": "Sun"}}]},
         {"created": 1_732_700_010, "choices": [{"index": 0, "delta": {"content": "ny."}}]},
         {"created": 1_732_700_010, "choices": [], "usage": {"completion_tokens": 2}},
     ]
     streamed = {
-        "startTime": 1_732_700_004.5,
+        "startTime": "2024-11-27T09:33:24.5Z",
         "proxy_server_request": {"messages": CHAT, "stream": True},
         "response": chunks,
     }
-    records = [*provider_records()[:2], streamed]
-    for name, log in (("json", records), ("text", [_as_text(r) for r in records])):
-        source = write_jsonl(tmp_path / f"{name}.jsonl", log)
-        assert anonymize(tiny_tokenizer, [source], tmp_path / name, "--block-size", "4") == 0
+    spend_log = {k: v for k, v in provider_records()[1].items() if k != "messages"}
+    records = [spend_log, streamed]
+    source = write_jsonl(tmp_path / "json.jsonl", records)
+    assert anonymize(tiny_tokenizer, [source], tmp_path / "json", "--block-size", "4") == 0
+    text = [_as_text(record) for record in records]
+    if kept == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        source = tmp_path / "text.parquet"
+        pq.write_table(pa.Table.from_pylist(text), source)
+    else:
+        source = write_jsonl(tmp_path / "text.jsonl", text)
+    assert anonymize(tiny_tokenizer, [source], tmp_path / "text", "--block-size", "4") == 0
     assert_same_output(tmp_path / "json", tmp_path / "text")
-    assert len(trace(tmp_path / "text")) == 3
+    assert [row["output_length"] for row in trace(tmp_path / "text")] == [4, 2]
