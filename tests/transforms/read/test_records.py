@@ -1221,3 +1221,11 @@ def test_body_texts_are_held_to_the_record_s_container_bound():
     assert reason({**TS, "messages": USER, "response": events}, max_record_bytes=bound) == (
         "too_large"
     )
+
+
+def test_a_batch_line_s_body_kept_as_json_text_reads_as_its_object():
+    body = {"model": "m", "messages": USER}
+    answer = {"created": 1, "choices": [{"message": {"content": "Hi"}}], "usage": USAGE_3}
+    line = {"custom_id": "r1", "url": "/v1/chat/completions", "response": {"body": answer}}
+    read = _read_alike({**line, "body": json.dumps(body)}, {**line, "body": body})
+    assert read.output_length == 3
