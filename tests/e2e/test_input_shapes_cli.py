@@ -311,3 +311,53 @@ def test_a_batch_file_without_its_other_half_is_letters_naming_the_file_to_give(
     assert [letter["error"] for letter in letters] == ["unjoined_batch"] * 2
     other = "output" if "input" in alone.name else "input"
     assert all(f"give its {other} file to the same run" in x["message"] for x in letters)
+
+
+# ---- Bodies kept as their text ---------------------------------------------------------------
+
+
+def _as_text(record: dict) -> dict:
+    """A record as a log keeping its bodies as text has it: each request or response object as
+    its JSON text (a spend-log table's JSON columns), a streamed response as its raw events."""
+    text = dict(record)
+    for name in ("request", "proxy_server_request"):
+        if isinstance(record.get(name), dict):
+            text[name] = json.dumps(record[name])
+    response = record.get("response")
+    if isinstance(response, list):
+        events = "".join(f"event: chunk\ndata: {json.dumps(chunk)}\n\n" for chunk in response)
+        text["response"] = events + "data: [DONE]\n\n"
+    elif isinstance(response, dict):
+        text["response"] = json.dumps(response)
+    return text
+
+
+@pytest.mark.parametrize("kept", ["jsonl", "parquet"])
+def test_bodies_kept_as_text_give_the_bytes_their_json_twin_gives(tiny_tokenizer, tmp_path, kept):
+    """A spend-log table's JSON columns as text, in JSONL or Parquet, and a raw event stream."""
+    chunks = [
+        {"created": 1_732_700_010, "choices": [{"index": 0, "delta": {"content": "Sun"}}]},
+        {"created": 1_732_700_010, "choices": [{"index": 0, "delta": {"content": "ny."}}]},
+        {"created": 1_732_700_010, "choices": [], "usage": {"completion_tokens": 2}},
+    ]
+    streamed = {
+        "startTime": "2024-11-27T09:33:24.5Z",
+        "proxy_server_request": {"messages": CHAT, "stream": True},
+        "response": chunks,
+    }
+    spend_log = {k: v for k, v in provider_records()[1].items() if k != "messages"}
+    records = [spend_log, streamed]
+    source = write_jsonl(tmp_path / "json.jsonl", records)
+    assert anonymize(tiny_tokenizer, [source], tmp_path / "json", "--block-size", "4") == 0
+    text = [_as_text(record) for record in records]
+    if kept == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        source = tmp_path / "text.parquet"
+        pq.write_table(pa.Table.from_pylist(text), source)
+    else:
+        source = write_jsonl(tmp_path / "text.jsonl", text)
+    assert anonymize(tiny_tokenizer, [source], tmp_path / "text", "--block-size", "4") == 0
+    assert_same_output(tmp_path / "json", tmp_path / "text")
+    assert [row["output_length"] for row in trace(tmp_path / "text")] == [4, 2]

@@ -81,7 +81,6 @@ def test_a_streamed_tool_call_without_usage_is_not_exported_shorter_than_the_eng
     assert rows == [] or rows[0]["output_length"] >= generated
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 25")
 def test_a_stream_logged_as_its_raw_event_stream_is_served_not_a_letter(tmp_path):
     """No false letter. A proxy that records the response body as it passed through keeps a
     streamed completion as the server sent it: one string of `data: {chunk}` events, blank
@@ -120,7 +119,6 @@ def test_a_stream_logged_as_its_raw_event_stream_is_served_not_a_letter(tmp_path
     assert [row["output_length"] for row in rows][1:] == [3]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 25")
 def test_a_log_row_holding_its_request_and_response_as_json_text_is_served_not_a_letter(tmp_path):
     """No false letter (the raw-body hole above, its other shape). A gateway's log table keeps
     the request and response bodies in JSON columns; exported to Parquet or read through a

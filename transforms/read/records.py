@@ -30,6 +30,7 @@ from kvtrace.transforms.read.json_tree import (
     ContainerBudget,
     check_tree,
     containers_over,
+    loads_checked,
     orjson_reading,
 )
 from kvtrace.transforms.read.links import continued, names
@@ -401,6 +402,8 @@ def request_from_object(
     check_strings: bool = True,
 ) -> Request:
     """The Request in an already-decoded record (JSONL line or Parquet row)."""
+    budget = ContainerBudget(record_containers(options.max_record_bytes))
+    check_strings = decoded_body(record, budget) or check_strings
     # Links are read from the response as logged, before any merging: a text chunk's id names
     # its request, and a merged chunk holds none, so every path reads the same links.
     links = names(_response(record, record.get("custom_id") is not None)) if options.links else ()
@@ -409,10 +412,79 @@ def request_from_object(
     if shorter is not None:  # read with a stream's text chunks merged (read/streamed.py)
         record["response"] = shorter
         try:
-            return _request(record, line, source, options, check_strings, links)
+            return _request(record, line, source, options, check_strings, links, budget.left)
         except (Rejected, *UNANTICIPATED):
             record["response"] = chunks  # refused: read whole, so its letter is the whole's
-    return _request(record, line, source, options, check_strings, links)
+    return _request(record, line, source, options, check_strings, links, budget.left)
+
+
+# A server-sent event stream's lines (docs/ANONYMIZE.md, Input): a chunk, an event's name, the
+# blank line between events; the stream ends with a data line of DONE.
+DATA_LINE, EVENT_LINE, DONE = "data:", "event:", "[DONE]"
+
+
+def decoded_body(record: dict[str, Any], budget: ContainerBudget) -> bool:
+    """Read, in place, the bodies a log keeps as their text (a spend-log row's JSON columns, a
+    proxy's raw event stream) as the values their JSON twin holds, so both read alike: a request
+    field holding one JSON object's text, a response holding one JSON object's or list's, or an
+    event stream's (its list of chunks). Each text is parsed within what the record may still
+    parse (json_tree.loads_checked), its containers taken from `budget`; any other string is
+    left for the shape check to letter. Returns whether a decoded text may hold lone surrogates
+    (its \\u escapes: only those make one), so the record's strings are checked."""
+    batch = record.get("custom_id") is not None
+    texts = [
+        name for name in (("body",) if batch else REQUEST_FIELDS) if type(record.get(name)) is str
+    ]
+    surrogates = False
+    for name in texts:
+        value = _json_text(record[name], budget, (dict,))
+        if value is not None:
+            record[name], surrogates = value, surrogates or "\\u" in record[name]
+    response = record.get("response")
+    if not batch and type(response) is str:
+        value = _json_text(response, budget, (dict, list))
+        if value is None:
+            value = _event_stream(response, budget)
+        if value is not None:
+            record["response"], surrogates = value, surrogates or "\\u" in response
+    return surrogates
+
+
+def _json_text(text: str, budget: ContainerBudget, types: tuple[type, ...]) -> Any:
+    """The value of a JSON text of one of `types`, within the budget; None when it is not
+    one (the string stays a string)."""
+    if not text.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        value = loads_checked(text, budget)
+    except ValueError:  # not JSON: a string after all
+        return None
+    return value if isinstance(value, types) else None
+
+
+def _event_stream(text: str, budget: ContainerBudget) -> list[Any] | None:
+    """An event stream's chunk objects, each within the budget; None when the text is not only
+    data and event lines and blank separators ending in a data line of DONE."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if (
+        not lines
+        or not lines[-1].startswith(DATA_LINE)
+        or lines[-1][len(DATA_LINE) :].strip() != DONE
+    ):
+        return None
+    chunks = []
+    for line in lines[:-1]:
+        if not line.strip() or line.startswith(EVENT_LINE):
+            continue
+        if not line.startswith(DATA_LINE):
+            return None
+        chunk = _json_text(line[len(DATA_LINE) :], budget, (dict,))
+        if chunk is None:
+            return None
+        chunks.append(chunk)
+    return chunks
 
 
 def _streamed_chunks(
@@ -440,6 +512,7 @@ def _request(
     options: ParseOptions,
     check_strings: bool,
     links: tuple[str, ...],
+    containers: int,
 ) -> Request:
     check_tree(record, check_strings)  # first: without_nulls recurses, within this depth
     if options.capture is not None or is_capture(record):  # an engine's hashes, no text
@@ -469,7 +542,7 @@ def _request(
     _check_one_sequence(sent, response)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
-        budget = ContainerBudget(record_containers(options.max_record_bytes))
+        budget = ContainerBudget(containers)  # what the decoded bodies left
         fields["messages"], fields["tools"] = _chat(
             body, sent.get("tools"), options.drop_non_text_parts, budget
         )

@@ -263,8 +263,11 @@ def test_litellm_fields_are_held_to_their_declared_types():
     caught = rejection({**STANDARD_LOGGING_PAYLOAD, "model_parameters": {"tools": "x"}})
     assert caught.reason == "wrong_type" and "model_parameters.tools" in caught.message
     spend_log_of_strings = {k: v for k, v in SPEND_LOG.items() if k != "messages"}
-    caught = rejection({**spend_log_of_strings, "proxy_server_request": "{}"})
+    caught = rejection({**spend_log_of_strings, "proxy_server_request": "[]"})
     assert caught.reason == "wrong_type" and "proxy_server_request" in caught.message
+    # An object's text reads as the object (records.decoded_body): here, no request kept.
+    caught = rejection({**spend_log_of_strings, "proxy_server_request": "{}"})
+    assert caught.reason == "no_input" and "store_prompts_in_spend_logs" in caught.message
 
 
 # ---- OpenAI Batch files -----------------------------------------------------------------------

@@ -1134,3 +1134,98 @@ def test_a_responses_object_is_read_only_once_finished(status, refused):
         parse(record)
     else:
         assert reason(record) == refused
+
+
+def _streamed_twin() -> tuple[dict, list[dict]]:
+    """A streamed chat record (its request) and the chunks its response is."""
+    delta = [{"role": "assistant", "content": "Hi"}, {"content": " there"}, {}]
+    chunks = [
+        {"id": "c", "created": 1, "model": "m", "choices": [{"index": 0, "delta": d}]}
+        for d in delta
+    ]
+    chunks[-1]["choices"][0]["finish_reason"] = "stop"
+    chunks.append({"id": "c", "created": 1, "model": "m", "choices": [], "usage": USAGE_3})
+    request = {"model": "m", "messages": USER, "stream": True}
+    return {**TS, "request": request}, chunks
+
+
+USAGE_3 = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
+
+
+def _read_alike(text_record: dict, twin: dict) -> Request:
+    """The Request of a record keeping its bodies as text, once checked to read as its twin's
+    (but for the line each came from)."""
+    read, expected = parse(text_record), parse(twin)
+    assert {**vars(read), "line": b""} == {**vars(expected), "line": b""}
+    return read
+
+
+@pytest.mark.parametrize("separator", ["\n", "\r\n"])
+def test_a_response_kept_as_its_event_stream_reads_as_its_chunks(separator):
+    """A proxy's raw event stream (data lines, event names, blank lines, DONE last) is the
+    list of its chunks."""
+    record, chunks = _streamed_twin()
+    events = "".join(
+        f"event: chunk{separator}data: {json.dumps(c)}{separator}{separator}" for c in chunks
+    )
+    text = {**record, "response": events + f"data: [DONE]{separator}{separator}"}
+    assert _read_alike(text, {**record, "response": chunks}).output_length == 3
+
+
+def test_bodies_kept_as_json_text_read_as_their_objects():
+    """A spend-log row's JSON columns as text: the request object, the response object or
+    list."""
+    request = {"model": "m", "messages": USER}
+    response = {"choices": [{"message": {"content": "Hi"}, "finish_reason": "stop"}]}
+    response["usage"] = USAGE_3
+    row = {**TS, "proxy_server_request": request, "response": response}
+    as_text = {**row, "proxy_server_request": json.dumps(request), "response": json.dumps(response)}
+    assert _read_alike(as_text, row).output_length == 3
+    record, chunks = _streamed_twin()
+    assert _read_alike({**record, "response": json.dumps(chunks)}, {**record, "response": chunks})
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "Noon.",  # plain text
+        '"a JSON string"',
+        "[1, 2",  # not JSON
+        "data: {}\n\n",  # no DONE
+        'data: {"a": 1}\nid: 3\ndata: [DONE]',  # a line of another kind
+        "data: [1]\ndata: [DONE]",  # a chunk not an object
+        "data: [DONE]\ndata: {}",  # DONE not last
+    ],
+)
+def test_a_response_string_that_is_no_body_text_stays_a_wrong_type_letter(response):
+    assert reason({**TS, "messages": USER, "response": response}) == "wrong_type"
+
+
+def test_a_request_text_that_is_no_object_stays_a_letter():
+    with pytest.raises(Rejected, match="proxy_server_request is a string"):
+        parse({**TS, "proxy_server_request": json.dumps([USER])})
+
+
+def test_body_texts_are_held_to_the_record_s_container_bound():
+    """A decoded body's containers count against the record's one bound, with its tool-call
+    arguments: they are text to the line's count."""
+    from kvtrace.transforms.read.records import record_containers
+
+    bound = 1 << 16
+    request = {"model": "m", "messages": USER, "junk": [[]] * record_containers(bound)}
+    record = {**TS, "request": json.dumps(request)}
+    with pytest.raises(Rejected) as refused:
+        parse(record, max_record_bytes=bound)
+    assert refused.value.reason == "too_large" and "inside a string" in str(refused.value)
+    events = f"data: {json.dumps({'junk': [[]] * record_containers(bound)})}\n\ndata: [DONE]"
+    assert reason({**TS, "messages": USER, "response": events}, max_record_bytes=bound) == (
+        "too_large"
+    )
+
+
+def test_a_batch_line_s_body_kept_as_json_text_reads_as_its_object():
+    body = {"model": "m", "messages": USER}
+    answer = {"created": 1, "choices": [{"message": {"content": "Hi"}}], "usage": USAGE_3}
+    line = {"custom_id": "r1", "url": "/v1/chat/completions", "response": {"body": answer}}
+    read = _read_alike({**line, "body": json.dumps(body)}, {**line, "body": body})
+    assert read.output_length == 3
