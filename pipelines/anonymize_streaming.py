@@ -848,13 +848,7 @@ def write_cumulative(
     if letters is None:
         storage.rename(temporary, output)
     else:
-        run_name, dead_letters = letters
-        rejected = DeadLetterRun(config.job.dead_letter, output, config.run_name(run_name))
-        storage.remove_folder(rejected.staging)  # an attempt killed mid-way: not part of this one
-        rejected.begin(temporary)  # the rename keeps the file's identity
-        write_dead_letters(rejected.staging, dead_letters)
-        storage.rename(temporary, output)
-        rejected.settle(run_succeeded=True)
+        _rename_with_letters(config, temporary, output, letters)
     # The folder's times, as a night folder's: derived from its content, never the clock's.
     set_content_times(config.job.output)
     # Last: once it counts a record, the window or letters holding it are published.
@@ -872,6 +866,14 @@ def write_letters(
     temporary = storage.join(folder, f".{name}.tmp")
     with storage.create(temporary, private=True) as handle:
         handle.write(canonical_json(stream_run_counts(progress)))
+    _rename_with_letters(config, temporary, path, letters)
+
+
+def _rename_with_letters(
+    config: StreamingConfig, temporary: str, path: str, letters: tuple[str, list[DeadLetter]]
+) -> None:
+    """temporary renamed to path with letters (a run's name, its dead letters) published by the
+    same step (DeadLetterRun): the letters published are the ones the file counts."""
     run_name, dead_letters = letters
     rejected = DeadLetterRun(config.job.dead_letter, path, config.run_name(run_name))
     storage.remove_folder(rejected.staging)  # an attempt killed mid-way: not part of this one
