@@ -118,3 +118,21 @@ def test_one_salt_file_is_one_salt_as_a_file_and_as_the_environment_deploy_gives
     capsys.readouterr()
     code = anonymize_night(tiny_tokenizer, [map_night(tmp_path, 1)], tmp_path / "out1", *flags)
     assert code == 0, capsys.readouterr().err[-600:]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 26")
+def test_a_salt_of_random_bytes_in_the_environment_is_read_as_its_bytes(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
+    """The same cause, its other face: `$KVTRACE_SALT` is read as text and encoded as strict
+    UTF-8 (salt.SaltSource._fetch: `value.encode()`), where `--salt-file` reads bytes. A
+    Secret of random bytes (`head -c 32 /dev/urandom > salt`, the file a `--salt-file` takes
+    as it is) exposed as the variable stops every run with `error: 'utf-8' codec can't encode
+    characters in position 0-1: surrogates not allowed`, naming neither the salt nor where it
+    came from. Promised: the variable's bytes are the salt, as the file's are (or a one-line
+    error naming $KVTRACE_SALT)."""
+    monkeypatch.setenv("KVTRACE_SALT", "\udcff\udcfe" + "random-bytes-of-a-salt-0123456789")
+    capsys.readouterr()
+    code = anonymize_night(tiny_tokenizer, [map_night(tmp_path, 0)], tmp_path / "out", "--quiet")
+    said = capsys.readouterr().err
+    assert code == 0 or "KVTRACE_SALT" in said, said[-400:]
