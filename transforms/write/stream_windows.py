@@ -27,8 +27,8 @@ The controller's work per message is bounded: the timers wanted are the windows 
 due once, at a fixed time) and the oldest window still waiting on the clock (the clock's due
 times grow with the window: due() publishes every older window with a due one); only timers
 whose time changed are set again (Progress.armed); a message moves only its own run's clock
-(Progress.saw; before the zero its segment's, joining the segments it reaches), over the open
-windows kept sorted (Progress.order)."""
+(Progress.saw; before the zero its segment's, joining the segments it reaches, and judges the
+segment before it), over the open windows kept sorted (Progress.order)."""
 
 from __future__ import annotations
 
@@ -405,15 +405,20 @@ class Progress:
     ) -> list[tuple[int, HashedBatch]]:
         """Before any window is published, the zero moved to origin_ms (an earlier request came
         in, or the earliest was a stray clock's): the waiting requests cut again from it. When a
-        request past a new window's deadline came in, or a window's latest, is known no closer
-        than the latest arrival: the window waits for everything produced before that."""
+        request past a new window's deadline came in is known no closer than the latest
+        arrival: the window waits for everything produced before that. A new window came in
+        when the latest of the old windows its requests were cut from did (an old window's
+        requests lie within a window of each other, in one segment or two adjacent ones): a
+        segment's latest arrival is kept, so the next still passes it (_pass_on) after a stray
+        zero is lettered, never sooner than its own requests say."""
         self.origin_ms = origin_ms
-        cut = [
-            part
-            for _, batch in waiting
-            for part in by_window(batch, origin_ms, config.window_ms, config.coarsening)
-        ]
-        self.passed_ms, self.window_arrived = {}, {}
+        cut, arrived = [], {}
+        for old, batch in waiting:
+            for window, part in by_window(batch, origin_ms, config.window_ms, config.coarsening):
+                cut.append((window, part))
+                came = self.window_arrived.get(old, self.arrived_ms)
+                arrived[window] = max(arrived.get(window, came), came)
+        self.passed_ms, self.window_arrived = {}, arrived
         self.rehold(config, cut)
         return cut
 

@@ -12,7 +12,7 @@ from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.encode.timestamp_kinds import keep_arriving, keep_plausible_windows
 from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
 from kvtrace.transforms.write.coarsen import Coarsening
-from kvtrace.transforms.write.stream_windows import Progress
+from kvtrace.transforms.write.stream_windows import Progress, by_window
 
 MINUTE = 60_000
 DAY = DAY_MS
@@ -246,6 +246,28 @@ def test_a_later_segment_passes_an_earlier_one_only_when_it_came_in_after_it():
     far.saw(config, RESET + 5 * MINUTE, [RESET + 5 * MINUTE], NOW + 2)
     assert far.passed_ms == {0: None, 5 * MINUTE: None, RESET: NOW + 2, RESET + 5 * MINUTE: None}
     assert far.first_anchor(config, NOW + 2) == {RESET // DAY: 2}
+
+
+def test_a_stray_zero_lettered_leaves_a_passed_segment_passed():
+    """A stray clock's request first (the zero) then a sparse stream: the second real request,
+    in after the first, passes the first's window; when the first publication letters the
+    stray and cuts what waits again from the real zero (recut), each new window keeps when its
+    requests came in, so that window is still passed, due as before."""
+    config = Windows()
+    progress = Progress()
+    stray, first, second = 1_000, 1000 * DAY + 10_000, 1000 * DAY + 5 * MINUTE
+    waiting = []
+    for at, ms in enumerate([stray, first, second]):
+        if progress.origin_ms is None:
+            progress.recut(config, ms, [])
+        ((window, batch),) = by_window(requests_at(ms), progress.origin_ms, MINUTE)
+        waiting.append((window, batch))
+        progress.saw(config, window, [ms], NOW + at)
+    assert progress.passed_ms[waiting[1][0]] == NOW + 2
+    cut = progress.recut(config, first, waiting[1:])  # the stray lettered
+    assert [window for window, _ in cut] == [first, first + 4 * MINUTE]
+    assert progress.passed_ms == {first: NOW + 2, first + 4 * MINUTE: None}
+    assert progress.due(config, NOW + 2) == [first]
 
 
 def test_a_stream_keeps_requests_by_their_arrival_order_never_by_their_batching():
