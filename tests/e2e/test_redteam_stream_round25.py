@@ -34,7 +34,6 @@ def sparse_then_one_back(tokenizer: str, tmp_path: Path, gap_ms: int) -> Path:
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 25")
 def test_a_sparse_streams_first_window_is_published_once_a_later_request_passed_it(
     tiny_tokenizer, tmp_path, monkeypatch
 ):

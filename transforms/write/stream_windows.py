@@ -10,7 +10,10 @@ windows are due and which timers to set). docs/STREAMING.md states the rule; in 
 - Zero. Before it, every run of days (no gap over MAX_GAP_DAYS) waits on its own clocks, one
   per contiguous segment of the run, each moved in order from the segment's first window as
   below: a window is due once a request of its segment passes its deadline (with it every
-  older window), never by idle time alone; the run of the first window due (the bulk of the
+  older window), or once a request of the next segment of its run (past every deadline of
+  the segment before: segments lie a window and the allowed lateness apart) came in strictly
+  after the segment's latest request (the source's clock orders what one instant does not),
+  never by idle time alone; the run of the first window due (the bulk of the
   runs holding a window whose own timer is due then) fixes the zero, and the other runs are
   letters. The stream's end judges what waits by the batch rule (plausible_days);
   MAX_GAP_DAYS of the source's clock past the idle rule's time bounds the wait.
@@ -24,8 +27,8 @@ The controller's work per message is bounded: the timers wanted are the windows 
 due once, at a fixed time) and the oldest window still waiting on the clock (the clock's due
 times grow with the window: due() publishes every older window with a due one); only timers
 whose time changed are set again (Progress.armed); a message moves only its own run's clock
-(Progress.saw; before the zero its segment's, joining the segments it reaches), over the open
-windows kept sorted (Progress.order)."""
+(Progress.saw; before the zero its segment's, joining the segments it reaches, and judges the
+segment before it), over the open windows kept sorted (Progress.order)."""
 
 from __future__ import annotations
 
@@ -232,7 +235,8 @@ class Progress:
         """Before the zero: window's segment of its run (the one before it, reached, or a new
         one) moved on to window's requests, joining the segments after it its clock now
         reaches; its windows newly passed, the newest first, down to the first passed before
-        (a segment's passed are its first windows; every one after a join)."""
+        (a segment's passed are its first windows: those before a passed one go out with it),
+        and the segment before it judged again (_pass_on)."""
         gap = config.window_ms + config.allowed_lateness_ms
         place = bisect.bisect_right(self.firsts, window) - 1
         first = self.firsts[place] if place >= 0 else None
@@ -248,6 +252,8 @@ class Progress:
                 break
             after = self.firsts.pop(place + 1)
             self.passing.discard(after)
+            if self.passed_ms[after] is not None:
+                self._pass(run, first, after, now_ms)
             later, came = self.segments.pop(after)
             clock, arrived, joined = max(clock, later), max(arrived, came), True
         self.segments[first] = (clock, arrived)
@@ -257,28 +263,61 @@ class Progress:
             if self.passed_ms[earlier] is not None and not joined:
                 break
             self.passed_ms[earlier] = self.passed_ms[earlier] or now_ms
-        if passed > start:
+        if self.passed_ms[first] is not None:
             self.passing.add(first)
+        # Its segment came in last (the source's clock moves on): the one before it alone can
+        # be newly passed by the next segment (older ones were judged when theirs came in).
+        if place > 0 and _holds(run, self.firsts[place - 1]):
+            self._pass_on(run, place - 1, now_ms)
+
+    def _pass_on(self, run: list[int], place: int, now_ms: int) -> None:
+        """Before the zero: the segment at place (in firsts) passed by the next of its run if
+        that one's latest request came in strictly after its own (source's clock): every
+        request of the next lies past its windows' deadlines (segments are a window and the
+        allowed lateness apart), and only an arrival strictly later says it was produced after
+        them, in order (one instant orders nothing: a clock hours ahead arriving with the
+        stream never passes it)."""
+        earlier, later = self.firsts[place], self.firsts[place + 1]
+        if self.segments[later][1] > self.segments[earlier][1]:
+            self._pass(run, earlier, later, now_ms)
+            self.passing.add(earlier)
+
+    def _pass(self, run: list[int], first: int, end: int, now_ms: int) -> None:
+        """The run's windows from first up to end passed at now_ms, the newest first, down to
+        the first passed before (those before are: a segment's passed are its first)."""
+        start, place = bisect.bisect_left(run, first), bisect.bisect_left(run, end)
+        while place > start and self.passed_ms[run[place - 1]] is None:
+            place -= 1
+            self.passed_ms[run[place]] = now_ms
 
     def clock_moved(self, config: Windowing, now_ms: int) -> None:
         """The open windows' deadlines against their clocks: passed from now_ms on, or no
-        longer passed when the clock went back (a run lost its latest request to the anchor)."""
-        clocked = self._clocked(config)
-        self.segments, self.passing = {}, set()
+        longer passed when the clock went back (a run lost its latest request to the anchor).
+        Before the zero, also those the next segment of their run passed (_pass_on) and those
+        before a passed one in their segment; what passed stays passed (the clocks of what
+        waits never go back before the zero: letters are whole runs, a recut judges anew)."""
+        self.segments, self.passing, passed = {}, set(), set()
         if self.published_ms is None:
-            self.segments = {windows[0]: (clock, came) for windows, clock, came in clocked}
-            self.passing = {
-                windows[0]
-                for windows, clock, _ in clocked
-                if config.deadline_ms(windows[0]) <= clock
-            }
+            for run in self.runs():
+                split = self._split(config, run)
+                for place, (windows, clock, came) in enumerate(split):
+                    self.segments[windows[0]] = (clock, came)
+                    reach = bisect.bisect_right(windows, clock - config.deadline_ms(0))
+                    if place + 1 < len(split) and split[place + 1][2] > came:
+                        reach = len(windows)
+                    before = [i + 1 for i, w in enumerate(windows) if self.passed_ms[w] is not None]
+                    reach = max(reach, *before, 0)
+                    passed.update(windows[:reach])
+                    if reach:
+                        self.passing.add(windows[0])
+        else:
+            for windows, clock, _ in self._clocked(config):
+                passed.update(w for w in windows if config.deadline_ms(w) <= clock)
         self.firsts = sorted(self.segments)
-        clocks = {w: (clock, came) for windows, clock, came in clocked for w in windows}
-        for window, passed in self.passed_ms.items():
-            clock = clocks.get(window)
-            if clock is None or config.deadline_ms(window) > clock[0]:
+        for window, at in self.passed_ms.items():
+            if window not in passed:
                 self.passed_ms[window] = None
-            elif passed is None:
+            elif at is None:
                 self.passed_ms[window] = now_ms
 
     def due_ms(self, config: Windowing, window: int, clock_ms: int, arrived_ms: int) -> int:
@@ -366,15 +405,20 @@ class Progress:
     ) -> list[tuple[int, HashedBatch]]:
         """Before any window is published, the zero moved to origin_ms (an earlier request came
         in, or the earliest was a stray clock's): the waiting requests cut again from it. When a
-        request past a new window's deadline came in, or a window's latest, is known no closer
-        than the latest arrival: the window waits for everything produced before that."""
+        request past a new window's deadline came in is known no closer than the latest
+        arrival: the window waits for everything produced before that. A new window came in
+        when the latest of the old windows its requests were cut from did (an old window's
+        requests lie within a window of each other, in one segment or two adjacent ones): a
+        segment's latest arrival is kept, so the next still passes it (_pass_on) after a stray
+        zero is lettered, never sooner than its own requests say."""
         self.origin_ms = origin_ms
-        cut = [
-            part
-            for _, batch in waiting
-            for part in by_window(batch, origin_ms, config.window_ms, config.coarsening)
-        ]
-        self.passed_ms, self.window_arrived = {}, {}
+        cut, arrived = [], {}
+        for old, batch in waiting:
+            for window, part in by_window(batch, origin_ms, config.window_ms, config.coarsening):
+                cut.append((window, part))
+                came = self.window_arrived.get(old, self.arrived_ms)
+                arrived[window] = max(arrived.get(window, came), came)
+        self.passed_ms, self.window_arrived = {}, arrived
         self.rehold(config, cut)
         return cut
 

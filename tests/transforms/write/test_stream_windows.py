@@ -12,7 +12,7 @@ from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.encode.timestamp_kinds import keep_arriving, keep_plausible_windows
 from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
 from kvtrace.transforms.write.coarsen import Coarsening
-from kvtrace.transforms.write.stream_windows import Progress
+from kvtrace.transforms.write.stream_windows import Progress, by_window
 
 MINUTE = 60_000
 DAY = DAY_MS
@@ -161,7 +161,7 @@ def test_a_message_sets_only_the_timers_whose_time_changed():
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from([0, 1, 2, 5, 9, 30]), st.integers(0, 10 * MINUTE)),
+        st.tuples(st.sampled_from([0, 1, 2, 5, 9, 30]), st.integers(0, 10 * MINUTE), st.booleans()),
         min_size=1,
         max_size=30,
     ),
@@ -170,20 +170,23 @@ def test_a_message_sets_only_the_timers_whose_time_changed():
 def test_a_message_moves_the_clocks_as_judging_everything_again_does(requests, anchored):
     """saw() updates only the run the request joins (its newly passed windows), or everything
     when runs join or a new one starts: the windows passed are those a whole recomputation
-    (clock_moved over every open window) finds, whatever the order requests come in."""
+    (clock_moved over every open window) finds, whatever the order requests come in
+    and whichever came in at one instant."""
     config = Windows()
     progress = Progress()
     if anchored:
         progress.saw(config, 0, [1_000], NOW)
         progress.publish(0)
-    for n, (day, offset) in enumerate(requests):
+    arrived = NOW
+    for day, offset, later in requests:
+        arrived += later  # else in the instant of the one before (one batch)
         event_ms = day * DAY + MINUTE + offset
         window = event_ms // MINUTE * MINUTE
         if anchored and window <= 0:
             continue
-        progress.saw(config, window, [event_ms], NOW + n)
+        progress.saw(config, window, [event_ms], arrived)
         whole = dataclasses.replace(progress, passed_ms=dict(progress.passed_ms))
-        whole.clock_moved(config, NOW + n)
+        whole.clock_moved(config, arrived)
         passed = {w for w, at in progress.passed_ms.items() if at is not None}
         assert passed == {w for w, at in whole.passed_ms.items() if at is not None}
 
@@ -206,8 +209,9 @@ def test_an_older_run_swept_along_never_outvotes_the_run_that_is_due():
 def test_a_quiet_spell_after_the_first_window_never_holds_a_live_stream_back():
     """Before the zero each contiguous segment of a run has its own clock from its own first
     window: one request, three quiet minutes, then a request every 20 s for an hour, in order,
-    passes the later windows as they come (not only the first window's MAX_GAP_DAYS bound),
-    and a passed window takes the first segment's along (the zero is still the earliest)."""
+    passes the later windows as they come (not only the first window's MAX_GAP_DAYS bound);
+    the first segment is passed by the next, which came in after it (the zero is still the
+    earliest)."""
     config = Windows()
     progress = Progress()
     progress.saw(config, 0, [10_000], NOW)
@@ -217,9 +221,53 @@ def test_a_quiet_spell_after_the_first_window_never_holds_a_live_stream_back():
             arrived += 20_000
             progress.saw(config, minute * MINUTE, [minute * MINUTE + second], arrived)
     assert progress.passed_ms[3 * MINUTE] == NOW + 4 * 20_000  # passed by the 4th minute's
-    assert progress.passed_ms[0] is None
+    assert progress.passed_ms[0] == NOW + 20_000  # the third minute's came in after it
     assert progress.due(config, arrived) == [m * MINUTE for m in (0, *range(3, 59))]
     assert progress.first_anchor(config, arrived) == {0: 1 + 57 * 3}
+
+
+def test_a_later_segment_passes_an_earlier_one_only_when_it_came_in_after_it():
+    """Before the zero the next segment of a run (a quiet spell between) passes the windows of
+    the one before once a request of it came in strictly after that one's latest (source's
+    clock), due at that arrival; requests of one instant give no order, and another run's
+    requests never pass a window, however much later they came in."""
+    config = Windows()
+    progress = Progress()
+    progress.saw(config, 0, [10_000], NOW)
+    progress.saw(config, 5 * MINUTE, [5 * MINUTE], NOW)  # one instant: no order
+    assert progress.passed_ms == {0: None, 5 * MINUTE: None}
+    progress.saw(config, 5 * MINUTE, [5 * MINUTE + 1_000], NOW + 1)
+    assert progress.passed_ms == {0: NOW + 1, 5 * MINUTE: None}
+    assert progress.due(config, NOW) == [] and progress.due(config, NOW + 1) == [0]
+    far = Progress()
+    far.saw(config, 0, [10_000], NOW)
+    far.saw(config, 5 * MINUTE, [5 * MINUTE], NOW)
+    far.saw(config, RESET, [RESET + 1], NOW + 1)  # another run: a year ahead
+    far.saw(config, RESET + 5 * MINUTE, [RESET + 5 * MINUTE], NOW + 2)
+    assert far.passed_ms == {0: None, 5 * MINUTE: None, RESET: NOW + 2, RESET + 5 * MINUTE: None}
+    assert far.first_anchor(config, NOW + 2) == {RESET // DAY: 2}
+
+
+def test_a_stray_zero_lettered_leaves_a_passed_segment_passed():
+    """A stray clock's request first (the zero) then a sparse stream: the second real request,
+    in after the first, passes the first's window; when the first publication letters the
+    stray and cuts what waits again from the real zero (recut), each new window keeps when its
+    requests came in, so that window is still passed, due as before."""
+    config = Windows()
+    progress = Progress()
+    stray, first, second = 1_000, 1000 * DAY + 10_000, 1000 * DAY + 5 * MINUTE
+    waiting = []
+    for at, ms in enumerate([stray, first, second]):
+        if progress.origin_ms is None:
+            progress.recut(config, ms, [])
+        ((window, batch),) = by_window(requests_at(ms), progress.origin_ms, MINUTE)
+        waiting.append((window, batch))
+        progress.saw(config, window, [ms], NOW + at)
+    assert progress.passed_ms[waiting[1][0]] == NOW + 2
+    cut = progress.recut(config, first, waiting[1:])  # the stray lettered
+    assert [window for window, _ in cut] == [first, first + 4 * MINUTE]
+    assert progress.passed_ms == {first: NOW + 2, first + 4 * MINUTE: None}
+    assert progress.due(config, NOW + 2) == [first]
 
 
 def test_a_stream_keeps_requests_by_their_arrival_order_never_by_their_batching():
