@@ -3,7 +3,7 @@ fixes. Each feeds a request as a client sends it to the engine's Chat Completion
 Responses or Anthropic Messages server through `kvtrace anonymize` with the real Qwen3
 tokenizer, beside a twin whose prompt kvtrace already renders as the engine does, and asserts
 the promised behaviour (read = exported + rejected; exactly what the serving engine would see;
-never a made-up length; no false letter). Each fails today (2026-11-28)."""
+never a made-up length; no false letter). Each failed on 2026-11-28; two were ruled on against the engine kvtrace follows (0.33.0), as their docstrings say."""
 
 from __future__ import annotations
 
@@ -86,27 +86,22 @@ def _twin_then_attack(tmp_path, twin: dict, attack: dict) -> tuple[int, list[int
     return rows[0]["input_length"], [row["input_length"] for row in rows[1:]]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
-def test_a_responses_request_with_tool_choice_none_is_not_exported_with_its_tools(tmp_path):
-    """Exactly what the engine would see; never a made-up length. The engine's Responses server
-    builds the template's tools with `construct_tool_dicts(request.tools, request.tool_choice)`,
-    which gives none when `tool_choice` is "none" (its Chat Completions server keeps them unless
-    the server sets --exclude-tools-when-tool-choice-none): the prompt holds no tool block.
-    kvtrace reads no `tool_choice` at all (records._chat hands every tool to the template): the
-    request is published at 171 tokens where the engine prefilled 22, with block ids of a tools
-    prefix the engine never cached. Promised: the tokens of the prompt the engine built (its
-    twin without tools), or a letter."""
-    request = {"model": "m", "input": QUESTION}
+def test_a_responses_request_with_tool_choice_none_is_exported_with_its_tools(tmp_path):
+    """Exactly what the engine would see. Ruled on (round 26's fix): the red team read an engine
+    whose Responses server built the template's tools with
+    `construct_tool_dicts(request.tools, request.tool_choice)`, none when `tool_choice` is
+    "none"; the engine kvtrace follows (0.33.0) drops them there only under the server's
+    --exclude-tools-when-tool-choice-none, as its Chat Completions server does
+    (OnlineRenderer.render_responses), which a log does not say: kvtrace renders them on both
+    APIs alike (records.API_FIELDS, docs/ANONYMIZE.md). Promised: the tokens of its twin
+    with the same tools and no tool_choice."""
+    request = {"model": "m", "input": QUESTION, "tools": [WEATHER]}
     twin = {"request": request, "response": _responses_response()}
-    attack = {
-        "request": {**request, "tools": [WEATHER], "tool_choice": "none"},
-        "response": _responses_response(),
-    }
+    attack = {"request": {**request, "tool_choice": "none"}, "response": _responses_response()}
     served, exported = _twin_then_attack(tmp_path, twin, attack)
-    assert exported in ([served], [])
+    assert exported == [served]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_chat_request_with_reasoning_effort_none_renders_thinking_off(tmp_path):
     """Exactly what the engine would see; never a made-up length. The engine turns a request's
     reasoning effort into the template's `enable_thinking` (ChatCompletionRequest and
@@ -128,7 +123,6 @@ def test_a_chat_request_with_reasoning_effort_none_renders_thinking_off(tmp_path
     assert exported in ([served], [])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_responses_request_continuing_a_partial_assistant_message_is_not_a_new_turn(tmp_path):
     """Exactly what the engine would see; never a made-up length. The engine's Responses server
     continues an input whose last item is an assistant message (or reasoning item) of status
@@ -171,7 +165,6 @@ def test_a_responses_request_continuing_a_partial_assistant_message_is_not_a_new
     assert exported in ([served], [])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_an_anthropic_request_is_not_rendered_with_template_fields_its_api_lacks(tmp_path):
     """A field kvtrace honours that the engine ignores. The engine's Anthropic Messages request
     declares `chat_template_kwargs` but no `add_generation_prompt`, `continue_final_message` or
@@ -195,22 +188,22 @@ def test_an_anthropic_request_is_not_rendered_with_template_fields_its_api_lacks
     assert exported == [served]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
-def test_an_anthropic_system_message_in_messages_joins_the_system_prompt(tmp_path):
-    """Exactly what the engine would see; never a made-up length. The engine's Anthropic
-    Messages server takes `system` messages inside `messages` (its AnthropicMessage role is
-    user, assistant or system) and joins their text onto the top-level system prompt, with
-    nothing between them, as one first system message (`_convert_system_message`), skipping
-    them where they stood. kvtrace keeps such a message in place (chat.anthropic_messages): a
-    second system turn after the user's, 42 tokens where the engine's prompt holds 37, its
-    blocks a prefix the engine never cached. Promised: the tokens of its Chat Completions twin
-    with the joined system prompt first, or a letter."""
+def test_an_anthropic_system_message_in_messages_stays_where_it_stands(tmp_path):
+    """Exactly what the engine would see. Ruled on (round 26's fix): the red team read an engine
+    whose Anthropic Messages server joined every system message inside `messages` onto the
+    top-level system prompt; the engine kvtrace follows (0.33.0) does so only for a chat
+    template that refuses a system message after the first turn (it renders [system, user,
+    system, user] once to tell), and keeps each where it stands otherwise, as Qwen3's template
+    renders it. kvtrace keeps it in place (chat.anthropic_messages): the same prompt for such a
+    template, a template_error letter for one that refuses it (docs/ANONYMIZE.md). Promised:
+    the tokens of its Chat Completions twin with the system message in place."""
     twin = {
         "request": {
             "model": "m",
             "messages": [
-                {"role": "system", "content": "You are a geography tutor.Answer in French."},
+                {"role": "system", "content": "You are a geography tutor."},
                 {"role": "user", "content": QUESTION},
+                {"role": "system", "content": "Answer in French."},
             ],
         },
         "response": _chat_response(),
@@ -228,10 +221,9 @@ def test_an_anthropic_system_message_in_messages_joins_the_system_prompt(tmp_pat
         "response": _anthropic_response(),
     }
     served, exported = _twin_then_attack(tmp_path, twin, attack)
-    assert exported in ([served], [])
+    assert exported == [served]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_responses_request_naming_a_stored_prompt_is_not_exported_as_its_input(tmp_path):
     """Never a made-up length; exactly what the engine would see. The Responses API's `prompt`
     ({id, version, variables}) names a stored prompt template whose instructions and messages
@@ -256,7 +248,6 @@ def test_a_responses_request_naming_a_stored_prompt_is_not_exported_as_its_input
     assert exported == []
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_completions_request_with_a_suffix_is_not_exported_as_its_bare_prompt(tmp_path):
     """Never a made-up length (the stored prompt's hole above, on the Completions API). A
     fill-in-the-middle request sends the code after the cursor as `suffix`: the engine's

@@ -582,18 +582,22 @@ def message_texts(message: dict[str, Any]) -> tuple[Any, Any]:
     return message.get("reasoning_content", message.get("reasoning")), message.get("content")
 
 
-# The request fields the serving engine hands its chat template, a closed list: each honoured as
-# the template variable of its name, of the type the engine's request model takes (Responses'
-# reasoning.effort as reasoning_effort), or refused (chat_template). The engine merges a
-# request's chat_template_kwargs over its server's defaults (the run's --chat-template-kwargs)
-# and these fields over both; it refuses a request's own template unless its server trusts
-# request templates, which kvtrace, rendering the run's template, never does.
+# The Chat Completions request fields the serving engine hands its chat template, each of the
+# type its request model takes, as the template variable of its name; the same names inside
+# chat_template_kwargs are held to the same types. Each API resolves its own (the settings
+# functions below, one per API, named by records.API_FIELDS): the engine merges a request's
+# resolved variables over its server's defaults (the run's --chat-template-kwargs); it refuses a
+# request's own template unless its server trusts request templates, which kvtrace, rendering
+# the run's template, never does.
 TEMPLATE_FIELDS: dict[str, type] = {
     "add_generation_prompt": bool,
     "continue_final_message": bool,
     "documents": list,
     "reasoning_effort": str,
 }
+# Their values where a Chat Completions request gives none (and always, for the one an Anthropic
+# request is built into): set, not unset, so they override chat_template_kwargs of the same name.
+CHAT_DEFAULTS = {"add_generation_prompt": True, "continue_final_message": False}
 UNTRUSTED_TEMPLATE = "untrusted_template"
 # apply_chat_template's own arguments: as a template variable each would change what the render
 # returns (tokenize: ids, not text) or what it renders, never what the engine's template reads.
@@ -631,19 +635,111 @@ def request_fields(record: dict[str, Any], body: dict[str, Any]) -> dict[str, An
     return sent | (extra or {}) | body
 
 
-def template_settings(body: dict[str, Any]) -> dict[str, Any]:
-    """The template variables a chat request sets for itself (TEMPLATE_FIELDS and its
-    chat_template_kwargs), to merge over the run's; raises Rejected when the engine would refuse
-    the request or render it with what kvtrace does not have (its own template)."""
+# The template variable a reasoning effort turns thinking on or off by, unless the request's
+# chat_template_kwargs name it: on for any effort but "none".
+ENABLE_THINKING = "enable_thinking"
+# A Responses input item the engine continues rather than closing it and opening a new turn:
+# its last item, a message or reasoning item, of one of these statuses.
+CONTINUED_ITEMS = frozenset({"message", "reasoning"})
+PARTIAL_STATUSES = frozenset({"in_progress", "incomplete"})
+
+
+def chat_completions_settings(body: dict[str, Any]) -> dict[str, Any]:
+    """A Chat Completions request's template variables as the engine resolves them: its
+    chat_template_kwargs, under its top-level fields (add_generation_prompt and
+    continue_final_message always: their defaults, true and false, override the kwargs of the
+    same name), and a reasoning effort's enable_thinking (_with_effort)."""
     if body.get("chat_template") is not None:
         raise Rejected(UNTRUSTED_TEMPLATE, "the request brings its own chat_template")
+    settings = own_kwargs(body)
+    for name, kind in TEMPLATE_FIELDS.items():
+        value = body.get(name)
+        if value is None:
+            value = CHAT_DEFAULTS.get(name)
+        elif not isinstance(value, kind):
+            raise Rejected("wrong_type", f"{name} is a {type(value).__name__}, no {kind.__name__}")
+        if value is not None:
+            settings[name] = value
+    if settings.get("documents") is not None and not all(
+        isinstance(d, dict) and all(isinstance(v, str) for v in d.values())
+        for d in settings["documents"]
+    ):
+        raise Rejected("wrong_type", "documents are not objects of strings")
+    if settings["add_generation_prompt"] and settings["continue_final_message"]:
+        raise Rejected(
+            "invalid_request", "add_generation_prompt and continue_final_message both true"
+        )
+    return _with_effort(settings, body.get("reasoning_effort"), body)
+
+
+def responses_settings(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses request's template variables as the engine resolves them: its
+    chat_template_kwargs, under a generation prompt unless its last input item is a partial
+    message or reasoning item (CONTINUED_ITEMS, PARTIAL_STATUSES), which is continued instead,
+    and its reasoning.effort (_with_effort)."""
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise Rejected("wrong_type", f"reasoning is a {type(reasoning).__name__}, no object")
+    effort = reasoning.get("effort") if reasoning is not None else None
+    items = body.get("input")
+    last = items[-1] if isinstance(items, list) and items else None
+    continued = (
+        isinstance(last, dict)
+        and type_of(last, "message") in CONTINUED_ITEMS
+        and last.get("status") in PARTIAL_STATUSES
+    )
+    settings = own_kwargs(body) | {
+        "add_generation_prompt": not continued,
+        "continue_final_message": continued,
+    }
+    return _with_effort(settings, effort, body)
+
+
+def anthropic_settings(body: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic Messages request's template variables as the engine resolves them: it builds
+    a Chat Completions request of its chat_template_kwargs alone (so with a generation prompt,
+    never continuing), its output_config.effort the reasoning effort (_with_effort). Thinking
+    turned off takes an effort the server picks by probing its template (or its own option),
+    which no log says: a letter."""
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise Rejected("wrong_type", f"output_config is a {type(config).__name__}, no object")
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "disabled":
+        raise Rejected(
+            "unsupported_request",
+            "thinking disabled: the engine renders it with an effort its server picks, which "
+            "the log does not say",
+        )
+    settings = own_kwargs(body) | CHAT_DEFAULTS
+    return _with_effort(settings, config.get("effort") if config is not None else None, body)
+
+
+def _with_effort(settings: dict[str, Any], effort: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """Settings with a request's reasoning effort (null: none): the template variable
+    reasoning_effort, and enable_thinking on for any effort but "none" unless the request's
+    chat_template_kwargs name it (ENABLE_THINKING)."""
+    if effort is None:
+        return settings
+    if not isinstance(effort, str):
+        raise Rejected("wrong_type", f"reasoning effort is a {type(effort).__name__}, no str")
+    kwargs = body.get("chat_template_kwargs")
+    settings = {**settings, "reasoning_effort": effort}
+    if not (isinstance(kwargs, dict) and kwargs.get(ENABLE_THINKING) is not None):
+        settings[ENABLE_THINKING] = effort != "none"
+    return settings
+
+
+def own_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """A request's chat_template_kwargs, checked: of a bounded number of names, none of them
+    apply_chat_template's own arguments nor a template, those TEMPLATE_FIELDS name of its type.
+    A null kwarg reads as unset, as a Parquet row (which cannot tell null from absent) reads
+    it; a null inside a kwarg's value is the template's."""
     own = body.get("chat_template_kwargs")
     if own is None:
-        own = {}
+        return {}
     if not isinstance(own, dict):
         raise Rejected("wrong_type", f"chat_template_kwargs is a {type(own).__name__}")
-    # Free-form only below its top level: a null kwarg reads as unset, as a Parquet row (which
-    # cannot tell null from absent) reads it; a null inside a kwarg's value is the template's.
     own = {name: value for name, value in own.items() if value is not None}
     if len(own) > MAX_TEMPLATE_KWARGS:
         raise Rejected("too_large", f"{len(own)} chat_template_kwargs, over {MAX_TEMPLATE_KWARGS}")
@@ -651,30 +747,7 @@ def template_settings(body: dict[str, Any]) -> dict[str, Any]:
         raise Rejected(UNTRUSTED_TEMPLATE, "the request brings its own chat_template")
     if reserved := sorted(RENDER_ARGUMENTS.intersection(own)):
         raise Rejected("invalid_request", f"chat_template_kwargs sets {reserved[0][:64]!r}")
-    for name, kind in TEMPLATE_FIELDS.items():  # the same names inside chat_template_kwargs
+    for name, kind in TEMPLATE_FIELDS.items():
         if own.get(name) is not None and not isinstance(own[name], kind):
             raise Rejected("wrong_type", f"chat_template_kwargs {name} is no {kind.__name__}")
-    given = {name: body[name] for name in TEMPLATE_FIELDS if body.get(name) is not None}
-    reasoning = body.get("reasoning")  # the Responses API's reasoning_effort
-    if reasoning is not None and not isinstance(reasoning, dict):
-        raise Rejected("wrong_type", f"reasoning is a {type(reasoning).__name__}, no object")
-    if reasoning is not None and reasoning.get("effort") is not None:
-        given.setdefault("reasoning_effort", reasoning["effort"])
-    settings = dict(own)
-    for name, value in given.items():
-        kind = TEMPLATE_FIELDS[name]
-        if not isinstance(value, kind):
-            raise Rejected("wrong_type", f"{name} is a {type(value).__name__}, no {kind.__name__}")
-        if own.get(name, value) != value:  # which of the two the engine took, no log says
-            raise Rejected("invalid_request", f"{name} differs from its chat_template_kwargs")
-        settings[name] = value
-    if settings.get("documents") is not None and not all(
-        isinstance(d, dict) and all(isinstance(v, str) for v in d.values())
-        for d in settings["documents"]
-    ):
-        raise Rejected("wrong_type", "documents are not objects of strings")
-    if settings.get("add_generation_prompt", True) and settings.get("continue_final_message"):
-        raise Rejected(
-            "invalid_request", "add_generation_prompt and continue_final_message both true"
-        )
-    return settings
+    return own

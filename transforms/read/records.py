@@ -237,7 +237,7 @@ class Request:
     # read/links.py: the links naming this request, and the one it continues (never published)
     links: tuple[str, ...] = ()
     continues: str | None = None
-    # Template variables the request sets for itself (chat.template_settings), over the run's
+    # Template variables the request sets for itself (its API's settings), over the run's
     template_kwargs: dict[str, Any] | None = None
     # The prompt's tokens the engine kept (truncate_prompt_tokens), from truncation_side's end
     # ("left": its last); None: all of them. add_special_tokens as the engine applied it.
@@ -541,12 +541,14 @@ def _request(
     sent = chat.request_fields(record, body)
     _check_one_sequence(sent, response)
     fields: dict[str, Any] = {"kind": kind}
+    api = _request_api(kind, body, sent.get("tools"))
     if kind == "chat":
         budget = ContainerBudget(containers)  # what the decoded bodies left
         fields["messages"], fields["tools"] = _chat(
             body, sent.get("tools"), options.drop_non_text_parts, budget
         )
-        fields["template_kwargs"] = chat.template_settings(sent) or None
+        settings = API_FIELDS[api].settings
+        fields["template_kwargs"] = settings(sent) if settings is not None else None
     elif kind == "prompt" and payload_kind == "prompt":
         fields |= _prompt_fields(_payload_prompt(body.get("messages")))
     elif kind == "prompt":
@@ -555,7 +557,7 @@ def _request(
         fields["input_ids"] = _token_ids(body.get("input_ids"))
     else:
         raise Rejected("no_input", "no messages, input, prompt or input_ids")
-    fields |= _api_fields(sent, kind, _request_api(kind, body, sent.get("tools")), response)
+    fields |= _api_fields(sent, kind, api, response)
 
     ts = _timestamp(record, body, response, options.timestamp_unit)
     if ts is None:
@@ -830,33 +832,146 @@ def _cache_salt(value: Any, response: dict | list | None) -> dict[str, Any]:
     return {"cache_salt": value}
 
 
+def _unsupported(name: str, why: str) -> FieldReader:
+    """A field the engine refuses, or renders with what the log does not hold: a letter."""
+
+    def read(value: Any, response: dict | list | None) -> dict[str, Any]:
+        raise Rejected("unsupported_request", f"{name}: {why}")
+
+    return read
+
+
+def _read_apart(value: Any, response: dict | list | None) -> dict[str, Any]:
+    """A field read where the prompt is built (_chat, the API's settings), or a sequence field
+    _check_one_sequence reads: it gives no Request field of its own here."""
+    return {}
+
+
+# Sampling parameters by which the engine generates more than one sequence a request (their
+# count a value over 1) or sends the prompt back with what it generated (true): a trace row holds
+# one generated length, so no row could say what the engine did (docs/ANONYMIZE.md).
+MANY_SEQUENCES = ("n", "best_of")
+ECHO = "echo"
+
+
 _TOKENIZING: dict[str, FieldReader] = {
     "truncate_prompt_tokens": _kept_tokens,
     "truncation_side": _truncation_side,
     "add_special_tokens": _special_tokens,
     CACHE_SALT: _cache_salt,
 }
-# The request fields that change what the engine tokenizes or caches, or name context the log
-# does not hold, per API: each lists only the fields that API's request declares in the engine,
-# read as the engine applies them, or refused; a field an API does not declare is ignored, as
-# the engine ignores it. One table, so none is read elsewhere (docs/ANONYMIZE.md).
-API_FIELDS: dict[str, dict[str, FieldReader]] = {
-    CHAT_COMPLETIONS: _TOKENIZING,
-    COMPLETIONS: _TOKENIZING,
-    RESPONSES: {
-        "truncation": _responses_truncation,
-        CACHE_SALT: _cache_salt,
-        **{
-            name: _stored_context(name)
-            for name in (
-                "previous_response_id",
-                "previous_response",
-                "previous_input_messages",
-                "conversation",
-            )
+# Read by _check_one_sequence, for every API alike: a trace row holds one sequence.
+_SEQUENCES = frozenset((*MANY_SEQUENCES, ECHO))
+
+
+@dataclass(frozen=True)
+class ApiFields:
+    """What kvtrace does with each request field one API declares in the engine: `reads`, read
+    as the engine applies it (a Request field, the prompt it renders, or a letter when the log
+    cannot say what it rendered); `leaves`, fields that change neither the prompt nor its
+    cache; `settings`, the API's own template variables (chat.*_settings), which read the
+    fields named `_read_apart` here. A field an API does not declare is ignored, as the engine
+    ignores it; one it declares is in one of the two, so none slips through unread
+    (tests/transforms/read/test_api_fields.py walks each API's declared fields)."""
+
+    reads: dict[str, FieldReader]
+    leaves: frozenset[str]
+    settings: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+
+def _leaving(names: str) -> frozenset[str]:
+    return frozenset(names.split())
+
+
+# The sampling, output and serving fields every API's request declares that leave the prompt
+# alone (multimodal kwargs too: a non-text part is a letter or dropped before they matter).
+_SERVING = (
+    "model stream temperature top_p top_k min_p seed stop logit_bias priority request_id "
+    "session_id watermarking kv_transfer_params ec_transfer_params vllm_xargs mm_payload "
+    "return_mm_kwargs mm_processor_kwargs media_io_kwargs structured_outputs "
+    "repetition_penalty presence_penalty frequency_penalty stop_token_ids ignore_eos "
+    "skip_special_tokens spaces_between_special_tokens include_stop_str_in_output "
+    "thinking_token_budget"
+)
+_GENERATION = (
+    "logprobs top_logprobs max_tokens stream_options response_format user use_beam_search "
+    "length_penalty min_tokens prompt_logprobs logprob_token_ids allowed_token_ids bad_words "
+    "return_tokens_as_token_ids return_token_ids return_weight_versions "
+    "routed_experts_prompt_start return_token_offsets repetition_detection stream_interval"
+)
+_CHAT_RENDERED = (
+    "messages tools chat_template chat_template_kwargs add_generation_prompt "
+    "continue_final_message documents reasoning_effort"
+)
+# Each API's row (docs/ANONYMIZE.md, Request fields per API). tool_choice leaves the prompt
+# alone: "none" drops the tools only under a server flag (--exclude-tools-when-tool-choice-none)
+# on Chat Completions and Responses alike, which a log does not say; kvtrace renders them.
+API_FIELDS: dict[str, ApiFields] = {
+    CHAT_COMPLETIONS: ApiFields(
+        reads={
+            **_TOKENIZING,
+            **dict.fromkeys(_CHAT_RENDERED.split(), _read_apart),
+            **dict.fromkeys(_SEQUENCES - {"best_of"}, _read_apart),
         },
-    },
-    ANTHROPIC: {},
+        leaves=_leaving(
+            f"{_SERVING} {_GENERATION} max_completion_tokens tool_choice include_reasoning "
+            "parallel_tool_calls return_prompt_text"
+        ),
+        settings=chat.chat_completions_settings,
+    ),
+    COMPLETIONS: ApiFields(
+        reads={
+            **_TOKENIZING,
+            "prompt": _read_apart,
+            **dict.fromkeys(_SEQUENCES, _read_apart),
+            "suffix": _unsupported(
+                "suffix",
+                "the engine refuses it, or a fill-in-the-middle server renders the suffix's "
+                "tokens into the prompt, which kvtrace does not",
+            ),
+            "prompt_embeds": _unsupported(
+                "prompt_embeds", "the prompt sent as embeddings, whose tokens no log holds"
+            ),
+        },
+        leaves=_leaving(f"{_SERVING} {_GENERATION}"),
+    ),
+    RESPONSES: ApiFields(
+        reads={
+            "truncation": _responses_truncation,
+            CACHE_SALT: _cache_salt,
+            **dict.fromkeys(
+                "input instructions tools reasoning chat_template_kwargs".split(), _read_apart
+            ),
+            **{
+                name: _stored_context(name)
+                for name in (
+                    "previous_response_id",
+                    "previous_response",
+                    "previous_input_messages",
+                    "conversation",
+                    "prompt",  # a stored prompt template, prepended to the input
+                )
+            },
+        },
+        leaves=_leaving(
+            f"{_SERVING} background include max_output_tokens max_tool_calls metadata "
+            "parallel_tool_calls include_reasoning service_tier store text tool_choice "
+            "top_logprobs user prompt_cache_key prompt_cache_options "
+            "prompt_cache_retention safety_identifier enable_response_messages"
+        ),
+        settings=chat.responses_settings,
+    ),
+    ANTHROPIC: ApiFields(
+        reads={
+            CACHE_SALT: _cache_salt,
+            **dict.fromkeys(
+                "messages system tools output_config thinking chat_template_kwargs".split(),
+                _read_apart,
+            ),
+        },
+        leaves=_leaving(f"{_SERVING} max_tokens metadata stop_sequences tool_choice"),
+        settings=chat.anthropic_settings,
+    ),
 }
 
 
@@ -866,19 +981,12 @@ def _api_fields(
     """The Request fields the request's API's API_FIELDS give (null: not given), over that
     API's add_special_tokens default; token ids get no special tokens, whatever the field."""
     fields: dict[str, Any] = {"add_special_tokens": SPECIAL_TOKENS_DEFAULT.get(api, False)}
-    for name, read in API_FIELDS[api].items():
+    for name, read in API_FIELDS[api].reads.items():
         if sent.get(name) is not None:
             fields |= read(sent[name], response)
     if kind == "tokens":
         fields["add_special_tokens"] = False
     return fields
-
-
-# Sampling parameters by which the engine generates more than one sequence a request (their
-# count a value over 1) or sends the prompt back with what it generated (true): a trace row holds
-# one generated length, so no row could say what the engine did (docs/ANONYMIZE.md).
-MANY_SEQUENCES = ("n", "best_of")
-ECHO = "echo"
 
 
 def _check_one_sequence(sent: dict[str, Any], response: dict | list | None) -> None:

@@ -813,7 +813,8 @@ def test_a_null_inside_a_free_form_value_is_kept_and_a_model_fields_is_dropped()
     assert request.tools[0]["function"]["parameters"] == schema
     assert request.messages[1]["tool_calls"][0]["function"]["arguments"] == {"unit": None}
     # Free-form below its top level only: a null kwarg reads as unset (as from Parquet).
-    assert request.template_kwargs == {"opts": {"a": None}}
+    assert request.template_kwargs["opts"] == {"a": None}
+    assert "enable_thinking" not in request.template_kwargs
     assert "name" not in request.messages[1]
 
 
@@ -1019,7 +1020,8 @@ def test_add_special_tokens_of_another_type_is_a_letter():
     "record, truncate, salt",
     [
         # fields the API's request does not declare: ignored, as the engine ignores them
-        ({**ANTHROPIC, "cache_salt": "t", "truncate_prompt_tokens": 4}, None, None),
+        # (Anthropic's declares cache_salt, which the engine salts its chat request with)
+        ({**ANTHROPIC, "cache_salt": "t", "truncate_prompt_tokens": 4}, None, "t"),
         ({**RESPONSES_INPUT, "truncate_prompt_tokens": 4}, None, None),
         ({**RESPONSES_INPUT, "truncation": "disabled", "cache_salt": "t"}, None, "t"),
         (
