@@ -272,7 +272,7 @@ CHAT_BODY = {
     "system": SYSTEM,
     "instructions": optional(STRING),
     "input": optional(one_of(STRING, list_of(INPUT_ITEM))),
-    "chat_template_kwargs": optional(FREE_OBJECT),  # read by chat.template_settings
+    "chat_template_kwargs": optional(FREE_OBJECT),  # read by chat.own_kwargs
 }
 # The Completions API's prompt: a string, or a list of strings, of token ids or of token-id lists
 # (records._prompt_fields reads which one prompt it is, if it is one).
