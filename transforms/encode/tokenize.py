@@ -250,9 +250,8 @@ def render_chat(
     timestamp_ms: what a template's strftime_now reads (template_names.py). A text of no
     request (render's probes) is rendered at the epoch. A render over its budget is the
     request's template_error; a template over it on PROBE_CONVERSATION stops the job.
-    own_kwargs: the request's own template variables (per API:
-        read.chat.*_settings), merged over
-    the run's template_kwargs as the engine merges them; the probe renders with the run's alone,
+    own_kwargs: the request's own template variables (read.chat's settings per API), merged
+    over the run's template_kwargs as the engine merges them; the probe renders with the run's alone,
     so a request's variables are judged with the request, never stop the job nor grow _PROBED.
 
     Tool-call arguments go in as objects, as vLLM passes them; a template written for the
