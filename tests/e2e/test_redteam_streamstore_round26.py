@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import STREAM_SALT, STREAM_START_MS, stream_counts
+from helpers import STREAM_SALT, STREAM_START_MS, letters, stream_counts
 
 pytestmark = pytest.mark.slow
 
@@ -114,6 +114,35 @@ def test_an_object_store_refusing_the_writer_loses_none_of_what_the_stream_read(
 
 @pytest.mark.beam
 @pytest.mark.xfail(strict=True, reason="red team round 26")
+def test_a_file_name_not_utf8_in_the_streams_folder_loses_none_of_what_the_stream_read(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: as above. Same cause, on a local disk: the handler's closed list of what it
+    catches. After each window write_cumulative stamps the folder's content time from its
+    files' names (manifest.set_content_times -> folder_content_time, `listing.encode()`): a
+    file whose name is not UTF-8 at the folder's top (a note, a sync tool's file: any
+    process but kvtrace's commands may write there) raises UnicodeEncodeError, a ValueError,
+    after window-000000 went into place. It escapes the writer, Beam retries the bundle and
+    the job dies undrained: window 2's two requests and the poison message's letter are
+    published, lettered and counted nowhere."""
+    import os
+
+    from helpers import run_stream, streaming_config
+    from kvtrace.pipelines import stream_drain
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    monkeypatch.setattr(stream_drain, "_FAILURES", [])
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    open(os.path.join(os.fsencode(config.job.output), b"notes-\xff.txt"), "wb").close()
+    run_stream(config, window_then_more())
+    (line,) = [str(failure) for failure in stream_drain._FAILURES]
+    assert "\n" not in line
+    rows = rows_in(Path(config.job.output))
+    assert rows + len(letters(Path(config.job.dead_letter))) == 7
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_window_in_place_whose_letters_fail_is_counted_as_published(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
@@ -207,3 +236,60 @@ def test_a_batch_night_never_replaces_a_streams_window_on_an_object_store(
     )
     assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == before
     assert code == 2 and "lies inside" in capsys.readouterr().err
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 26")
+def test_a_new_stream_of_an_emptied_output_never_replaces_the_earlier_streams_block_hashes(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: nothing lost; streams share a block-hashes folder (FOLDER/KEY-window-*/)
+    "without replacing each other's files" (docs/STREAMING.md, Dead letters), and a stream
+    starts only where it replaces nothing of an earlier one (check_new_stream: "only an earlier
+    stream of this same output (its folder since emptied) could have left files the new one
+    would replace", which it refuses in the dead-letter folder). The block-hashes folder is
+    named by the same key and never checked: a stream's output archived (moved away) and a new
+    stream started at the same path, given its own --dead-letter as the refusal asks and the
+    same --emit-block-hashes folder, passes every launch check and replaces the earlier
+    stream's HASHES/KEY-window-000000/ (its engine hashes, private, and the manifest digest
+    naming the archived window) with its own."""
+    import os
+
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import message, stream_chat, streaming_config
+    from kvtrace.pipelines import anonymize_streaming
+    from kvtrace.transforms.encode.schemes import HashScheme
+    from kvtrace.transforms.errors import ConfigError
+    from kvtrace.transforms.write.publish import OutputRefused
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    hashes = tmp_path / "hashes"
+    job = dataclasses.replace(
+        config.job, hash_scheme=HashScheme("dynamo"), block_hashes=str(hashes)
+    )
+
+    def launch(first: int, dead_letter: str) -> None:
+        """A stream of three requests through run_streaming's launch (its source a TestStream)."""
+        records = [stream_chat(STREAM_START_MS + 1000 * i, first + i) for i in range(3)]
+        stream = TestStream().add_elements([message(r) for r in records])
+        monkeypatch.setattr(
+            anonymize_streaming,
+            "read_source",
+            lambda source: stream.advance_watermark_to_infinity(),
+        )
+        own = dataclasses.replace(job, dead_letter=dead_letter)
+        anonymize_streaming.run_streaming(dataclasses.replace(config, job=own), ["--streaming"])
+
+    launch(0, str(tmp_path / "rejected-1"))
+    before = {p.relative_to(hashes): p.read_bytes() for p in hashes.rglob("*") if p.is_file()}
+    assert before  # the first stream's window-000000 hashes
+    os.rename(job.output, tmp_path / "stream-archived")  # the stream's folder, emptied
+    os.mkdir(job.output)
+    try:
+        launch(10, str(tmp_path / "rejected-2"))
+    except (ConfigError, OutputRefused):
+        pass  # refused: as good
+    after = {p.relative_to(hashes): p.read_bytes() for p in hashes.rglob("*") if p.is_file()}
+    assert after == before
