@@ -152,7 +152,8 @@ def test_a_window_in_place_whose_letters_fail_is_counted_as_published(
     _publish_window returned its manifest, not by what stands: _publish_window renames the
     window's folder into place (publish_night) and then settles its letters (DeadLetterRun.
     settle); when that settle fails (here something stands at the letters' name, as a folder
-    not the stream's stands at a window's name in round 23's claim), the window stands
+    not the stream's stands at a window's name in round 23's claim; a full disk refuses a
+    rename too when the folder's entries need a new block), the window stands
     published, yet the handler restores the counts and letters every one of its requests
     `unpublished_window` ('window-000000 was not published: ...'): the run counts say
     exported 0 of 7 while window-000000's four rows stand in the output (and no
@@ -171,6 +172,47 @@ def test_a_window_in_place_whose_letters_fail_is_counted_as_published(
     rows = rows_in(Path(config.job.output))
     assert rows == 4  # window-000000 stands
     assert stream_counts(dead) == {"read": 7, "exported": rows, "rejected": 7 - rows}
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 26")
+def test_letters_whose_publish_fails_are_never_taken_for_published(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: every record exported or lettered, or, should its letter not be written, the
+    stop's one line counts it as "neither published nor lettered" (docs/STREAMING.md,
+    Stopping). Same cause, the other way round: after a lone letters run fails, _write_plan
+    takes its letters for published when anything stands at their name
+    (storage.exists(self._published(plan))), not when they do. Here the run's rename
+    (_rename_with_letters: cumulative.json renamed, then DeadLetterRun.settle) fails on what
+    stands at rejected-KEY-letters-000001.jsonl: the handler returns as if published. The
+    record (its text) stays in a hidden staging folder, lettered nowhere, no run counts are
+    written at all, and the line names only the IsADirectoryError; the letters' pointer
+    (.cumulative.json.tmp.letters, naming the private dead-letter folder's path) is left in
+    the stream's published folder."""
+    import re
+
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import run_stream, streaming_config
+    from kvtrace.pipelines import stream_drain
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    monkeypatch.setattr(stream_drain, "_FAILURES", [])
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    dead = Path(config.job.dead_letter)
+    (dead / f"rejected-{config.stream_key()}-letters-000001.jsonl").mkdir(parents=True)
+    poison = b"a private prompt logged as text, not JSON"
+    run_stream(config, TestStream().add_elements([poison]).advance_watermark_to_infinity())
+    (line,) = [str(failure) for failure in stream_drain._FAILURES]
+    lettered = [
+        letter
+        for path in dead.glob("rejected-*.jsonl")
+        if path.is_file()
+        for letter in path.read_text().splitlines()
+    ]
+    counted = re.search(r"\b1 records? read were neither published nor lettered", line)
+    assert len(lettered) == 1 or counted, line
 
 
 @pytest.mark.beam
