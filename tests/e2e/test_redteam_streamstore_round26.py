@@ -248,7 +248,7 @@ def test_a_batch_night_never_replaces_a_streams_window_on_an_object_store(
     fixed by the local stream folder's output mark). An object store's stream folder stays
     unmarked (anonymize_streaming.make_stream_folder) and carries no manifest, so to the plan
     (publish._check_not_in_an_output, folder_writer) s3://.../live is no command's output: a
-    batch night given --output s3://.../live/window-000001 (a re-run of an hour, a typo)
+    batch night given --output s3://.../live/window-000000 (a re-run of an hour, a typo)
     finds an earlier kvtrace output there (the window's manifest), replaces it and exits 0.
     The stream's published records of that window are gone, its run counts still say
     exported, its ids now another run's."""
@@ -257,8 +257,8 @@ def test_a_batch_night_never_replaces_a_streams_window_on_an_object_store(
 
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     s3.create_bucket(Bucket=BUCKET)
-    run_stream(on_s3(tmp_path, tiny_tokenizer), window_then_more())
-    key = "live/window-000001/manifest.json"
+    run_stream(on_s3(tmp_path, tiny_tokenizer), window_then_more(with_later=False))
+    key = "live/window-000000/manifest.json"
     before = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
     night = write_jsonl(
         tmp_path / "night.jsonl", [stream_chat(STREAM_START_MS + i, 10 + i) for i in range(3)]
@@ -269,7 +269,7 @@ def test_a_batch_night_never_replaces_a_streams_window_on_an_object_store(
             "--input",
             str(night),
             "--output",
-            f"s3://{BUCKET}/live/window-000001",
+            f"s3://{BUCKET}/live/window-000000",
             "--tokenizer",
             tiny_tokenizer,
             "--block-size",
@@ -335,3 +335,47 @@ def test_a_new_stream_of_an_emptied_output_never_replaces_the_earlier_streams_bl
         pass  # refused: as good
     after = {p.relative_to(hashes): p.read_bytes() for p in hashes.rglob("*") if p.is_file()}
     assert after == before
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason="red team round 26")
+def test_a_streams_letters_are_never_written_inside_another_streams_folder_on_an_object_store(
+    s3, tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: nothing private published (dead letters hold the records' text: 'never
+    publish them'), and no private folder inside a command's output (the plan's
+    _check_not_in_an_output refuses one inside a local stream's marked folder). Same cause as
+    above: an object store's stream folder is no command's output to the plan, so a second
+    stream launched with --dead-letter s3://.../live/rejected (inside the first stream's
+    published prefix) passes every check, exits 0, and writes its letters, the text of a
+    poison message here, and its run counts inside the first stream's folder."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import run_stream
+    from kvtrace.cli import main
+    from kvtrace.pipelines import anonymize_streaming
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    s3.create_bucket(Bucket=BUCKET)
+    run_stream(on_s3(tmp_path, tiny_tokenizer), window_then_more(with_later=False))
+    poison = b"a private prompt logged as text, not JSON"
+    stream = TestStream().add_elements([poison]).advance_watermark_to_infinity()
+    monkeypatch.setattr(anonymize_streaming, "read_source", lambda source: stream)
+    code = main(
+        [
+            "anonymize",
+            "--streaming",
+            "--input",
+            "pubsub:projects/p/subscriptions/second",
+            "--output",
+            f"s3://{BUCKET}/second",
+            "--dead-letter",
+            f"s3://{BUCKET}/live/rejected",
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+        ]
+    )
+    assert s3_lines(s3, "live/rejected/", "") == 0
+    assert code == 2
