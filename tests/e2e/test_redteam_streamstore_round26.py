@@ -41,6 +41,19 @@ def window_then_more(with_later: bool = True) -> object:
     )
 
 
+def failures_here(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
+    """What stops the stream from within (stream_drain.fail), this test's own: its list and
+    its drain flag, so no test leaves another one a stream set to drain."""
+    import threading
+
+    from kvtrace.pipelines import stream_drain
+
+    failures: list[BaseException] = []
+    monkeypatch.setattr(stream_drain, "_FAILURES", failures)
+    monkeypatch.setattr(stream_drain, "DRAINING", threading.Event())
+    return failures
+
+
 def rows_in(output: Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in output.glob("window-*/trace-*.jsonl"))
 
@@ -92,10 +105,9 @@ def test_an_object_store_refusing_the_writer_loses_none_of_what_the_stream_read(
     from apache_beam.io.aws.clients.s3 import boto3_client, messages
 
     from helpers import run_stream
-    from kvtrace.pipelines import stream_drain
 
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
-    monkeypatch.setattr(stream_drain, "_FAILURES", [])
+    failures = failures_here(monkeypatch)
     s3.create_bucket(Bucket=BUCKET)
     upload = boto3_client.Client.create_multipart_upload
 
@@ -106,7 +118,7 @@ def test_an_object_store_refusing_the_writer_loses_none_of_what_the_stream_read(
 
     monkeypatch.setattr(boto3_client.Client, "create_multipart_upload", refused)
     run_stream(on_s3(tmp_path, tiny_tokenizer), window_then_more())
-    (line,) = [str(failure) for failure in stream_drain._FAILURES]
+    (line,) = [str(failure) for failure in failures]
     assert "\n" not in line
     rows = s3_lines(s3, "live/window-", ".jsonl")
     assert rows + s3_lines(s3, "live-rejected/rejected-", ".jsonl") == 7
@@ -128,14 +140,13 @@ def test_a_file_name_not_utf8_in_the_streams_folder_loses_none_of_what_the_strea
     import os
 
     from helpers import run_stream, streaming_config
-    from kvtrace.pipelines import stream_drain
 
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
-    monkeypatch.setattr(stream_drain, "_FAILURES", [])
+    failures = failures_here(monkeypatch)
     config = streaming_config(tmp_path, tiny_tokenizer)
     open(os.path.join(os.fsencode(config.job.output), b"notes-\xff.txt"), "wb").close()
     run_stream(config, window_then_more())
-    (line,) = [str(failure) for failure in stream_drain._FAILURES]
+    (line,) = [str(failure) for failure in failures]
     assert "\n" not in line
     rows = rows_in(Path(config.job.output))
     assert rows + len(letters(Path(config.job.dead_letter))) == 7
@@ -160,15 +171,14 @@ def test_a_window_in_place_whose_letters_fail_is_counted_as_published(
     cumulative.json counts them). Had its letters failed too, the stop's line would say the
     four were 'neither published nor lettered'."""
     from helpers import run_stream, streaming_config
-    from kvtrace.pipelines import stream_drain
 
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
-    monkeypatch.setattr(stream_drain, "_FAILURES", [])
+    failures = failures_here(monkeypatch)
     config = streaming_config(tmp_path, tiny_tokenizer)
     dead = Path(config.job.dead_letter)
     (dead / f"rejected-{config.stream_key()}-window-000000.jsonl").mkdir(parents=True)
     run_stream(config, window_then_more())
-    assert stream_drain._FAILURES  # the stream stopped on the failure
+    assert failures  # the stream stopped on the failure
     rows = rows_in(Path(config.job.output))
     assert rows == 4  # window-000000 stands
     assert stream_counts(dead) == {"read": 7, "exported": rows, "rejected": 7 - rows}
@@ -195,16 +205,15 @@ def test_letters_whose_publish_fails_are_never_taken_for_published(
     from apache_beam.testing.test_stream import TestStream
 
     from helpers import run_stream, streaming_config
-    from kvtrace.pipelines import stream_drain
 
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
-    monkeypatch.setattr(stream_drain, "_FAILURES", [])
+    failures = failures_here(monkeypatch)
     config = streaming_config(tmp_path, tiny_tokenizer)
     dead = Path(config.job.dead_letter)
     (dead / f"rejected-{config.stream_key()}-letters-000001.jsonl").mkdir(parents=True)
     poison = b"a private prompt logged as text, not JSON"
     run_stream(config, TestStream().add_elements([poison]).advance_watermark_to_infinity())
-    (line,) = [str(failure) for failure in stream_drain._FAILURES]
+    (line,) = [str(failure) for failure in failures]
     lettered = [
         letter
         for path in dead.glob("rejected-*.jsonl")
@@ -226,14 +235,13 @@ def test_a_last_window_whose_totals_fail_is_counted(tiny_tokenizer, tmp_path, mo
     four requests read and published are counted nowhere (no run-counts file at all), the
     stream's only record of what it read."""
     from helpers import run_stream, streaming_config
-    from kvtrace.pipelines import stream_drain
 
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
-    monkeypatch.setattr(stream_drain, "_FAILURES", [])
+    failures = failures_here(monkeypatch)
     config = streaming_config(tmp_path, tiny_tokenizer)
     (Path(config.job.output) / ".cumulative.json.tmp").mkdir()  # cumulative.json unwritable
     run_stream(config, window_then_more(with_later=False))
-    assert stream_drain._FAILURES  # the stream stopped on the failure
+    assert failures  # the stream stopped on the failure
     assert rows_in(Path(config.job.output)) == 4
     assert stream_counts(config.job.dead_letter) == {"read": 4, "exported": 4, "rejected": 0}
 
