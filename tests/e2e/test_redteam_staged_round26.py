@@ -25,10 +25,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.beam]
 PRIVATE = "my card is 4111 1111 1111 1111"
 
 
-def _night(folder: Path, tokenizer: str, *extra: str) -> list[str]:
+def _night(folder: Path, tokenizer: str, *extra: str, requests: int = 8) -> list[str]:
     """A Beam night of a few chats and one line that is no JSON (one dead letter)."""
     (folder / "salt").write_text(SALT)
-    records = [chat(i, 1_000 * i, session=f"s{i % 3}") for i in range(8)]
+    records = [chat(i, 1_000 * i, session=f"s{i % 3}") for i in range(requests)]
     source = write_jsonl(folder / "in.jsonl", [*records, b"{broken"])
     return [
         "anonymize",
@@ -65,48 +65,52 @@ def _published_text(out: Path) -> str:
 
 
 # The CLI's process (the launcher's publisher: anonymize_beam.run_beam -> publish_staged), once
-# the child has verified the staging folder and staged its manifest: the staged manifest.json
-# and a shard rewritten together, the shard's first row given a field holding private text.
-_MANIFEST_REWRITTEN_AFTER_THE_CHILD = f"""
-import hashlib, json, os
+# the child has verified the staging folder, committed the id map's version and staged the
+# manifest: the staging folder's files replaced by another whole output kvtrace wrote (another
+# night's, its own manifest.json listing them), as a second run staging there would leave it.
+_ANOTHER_OUTPUT_STAGED = """
+import os, shutil
 import kvtrace.pipelines.anonymize_beam as beam_engine
-from kvtrace.transforms.trace_format import canonical_json
 _publish = beam_engine.publish_staged
-def _rewritten(config, manifest):
-    path = os.path.join(config.staging, "manifest.json")
-    staged = json.loads(open(path, "rb").read())
-    name = next(f for f in staged["files"] if f.endswith(".jsonl"))
-    lines = open(os.path.join(config.staging, name), "rb").read().splitlines(keepends=True)
-    lines[0] = lines[0][:-2] + b', "prompt": "{PRIVATE}"}}\\n'
-    open(os.path.join(config.staging, name), "wb").write(b"".join(lines))
-    staged["sha256"][name] = hashlib.sha256(b"".join(lines)).hexdigest()
-    open(path, "wb").write(canonical_json(staged))
+def _replaced(config, manifest):
+    for name in os.listdir(config.staging):
+        os.remove(os.path.join(config.staging, name))
+    for name in os.listdir({other!r}):
+        shutil.copyfile(os.path.join({other!r}, name), os.path.join(config.staging, name))
     return _publish(config, manifest)
-beam_engine.publish_staged = _rewritten
+beam_engine.publish_staged = _replaced
 """
 
 
 @pytest.mark.xfail(strict=True, reason="red team round 26")
-def test_a_staged_manifest_rewritten_after_the_child_checked_it_publishes_nothing(
+def test_a_staging_folder_replaced_after_the_child_checked_it_publishes_nothing(
     tiny_tokenizer, tmp_path
 ):
     """Promise (docs/NIGHTLY.md: 'A Beam night's launcher publishes only what it verified ...
     the folder is checked against its manifest once more from the bytes about to be published,
-    just before the swap'; brief: nothing private published). The child derives the manifest
-    from the staging folder (staged_manifest), commits the id map's version on it and returns
-    it to the CLI's process; but that process's last check (publish_staged -> check_staged)
-    holds the folder to the manifest.json it reads back from the staging folder, not to the
-    manifest the child verified and returned (publish_staged's own `manifest` argument, which it
-    hands on to the block hashes). Whoever writes into the staging folder after the child's
-    check (a worker still running, another process) rewrites a shard and manifest.json's digest
-    of it together, and the night publishes both: measured, a row
-    `{..., "session": 0, "prompt": "my card is ..."}` in the published trace, exit 0, on a
-    night whose id map version records the manifest the child derived (not the one published).
-    Fix: publish_staged / check_staged hold the staged manifest's bytes to canonical_json of
-    the manifest the child returned before anything else."""
+    just before the swap'; brief: a night publishes whole or not at all). The child derives the
+    manifest from the staging folder (staged_manifest), commits the id map's version on it and
+    returns it to the CLI's process; but that process's last check (publish_staged ->
+    check_staged) holds the folder to the manifest.json it reads back from the staging folder,
+    not to the manifest the child verified, committed and returned (publish_staged's own
+    `manifest` argument, which it hands on to the block hashes only). A folder rewritten after
+    the child's check together with its manifest.json passes: measured, another night's whole
+    output (5 other requests, numbered by no id map) is published as this night's, exit 0, and
+    `kvtrace audit` passes it, while the id map's new version records this night's 8 requests
+    and ids (published_days {'0': 8}, next_id blocks 17); and a shard given a row
+    `{..., "prompt": "my card is ..."}` with manifest.json's digest of it rewritten is published
+    too. Fix: publish_staged holds the staged manifest's bytes to canonical_json of the manifest
+    the child returned (check_staged given it, not reading it back) before anything else."""
+    other = tmp_path / "other"
+    (tmp_path / "other-in").mkdir()
+    made = kvtrace_child(
+        *_night(tmp_path / "other-in", tiny_tokenizer, "--engine", "local", requests=5)
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    (tmp_path / "other-in" / "out").rename(other)
     said = kvtrace_child(
         *_night(tmp_path, tiny_tokenizer, "--id-map", str(tmp_path / "map")),
-        prelude=_MANIFEST_REWRITTEN_AFTER_THE_CHILD,
+        prelude=_ANOTHER_OUTPUT_STAGED.format(other=str(other)),
         timeout=120,
     )
     _refused_in_one_line(said)
@@ -114,12 +118,10 @@ def test_a_staged_manifest_rewritten_after_the_child_checked_it_publishes_nothin
 
 
 # What the child's job leaves in the staging folder beside the files it wrote, before it
-# stages the night's record (anonymize_night._stage_record): entries that are not regular
-# files, or a regular file another name reaches.
-_NOT_KVTRACES_ENTRIES = {
-    # A link named as a trace shard to where the run's own dead letters are published (it
-    # dangles until they are), a FIFO, and a subfolder.
-    "a_link_a_fifo_and_a_folder": """
+# stages the night's record (anonymize_night._stage_record): a link named as a trace shard to
+# where the run's own dead letters are published (it dangles until they are), a FIFO and a
+# subfolder, none of which kvtrace writes.
+_ENTRIES_KVTRACE_NEVER_WRITES = """
 import os
 import kvtrace.pipelines.anonymize_night as night
 _stage = night._stage_record
@@ -133,45 +135,36 @@ def _entries(config, record):
         os.mkdir(os.path.join(config.staging, "more"))
     return _stage(config, record)
 night._stage_record = _entries
-""",
-    # A hard link to a staged trace shard, from outside the staging folder.
-    "a_shard_hard_linked_from_outside": """
-import os
-import kvtrace.pipelines.anonymize_night as night
-_stage = night._stage_record
-def _entries(config, record):
-    if "manifest" in record:
-        shard = os.path.join(config.staging, "trace-00000-of-00001.jsonl")
-        os.link(shard, os.path.join(os.path.dirname(config.staging), "elsewhere.jsonl"))
-    return _stage(config, record)
-night._stage_record = _entries
-""",
-}
+"""
 
 
 @pytest.mark.xfail(strict=True, reason="red team round 26")
-@pytest.mark.parametrize("entries", sorted(_NOT_KVTRACES_ENTRIES))
-def test_a_staging_folder_holding_what_kvtrace_never_writes_publishes_nothing(
-    tiny_tokenizer, tmp_path, entries
+def test_a_staging_folder_holding_entries_kvtrace_never_writes_publishes_nothing(
+    tiny_tokenizer, tmp_path
 ):
     """Promise (docs/NIGHTLY.md: the manifest 'is derived from the staging folder itself ...
     a file left out, a leftover one ... is a one-line error, nothing published'; STATUS: 'kvtrace
-    audit accepts only what kvtrace writes'; brief: nothing private published). The staging
-    folder is listed by storage.files_in, which keeps regular files and links that resolve to
-    one: a dangling link, a FIFO, a socket or a subfolder is no file to it, so neither the
-    child's derivation (staged_manifest) nor the last check (check_staged) sees it, and
-    publish_folder swaps the whole folder in. Measured: the published trace folder holds
-    `trace-00001-of-00002.jsonl -> OUT-rejected/rejected-RUNID.jsonl`, which resolves to the
-    run's private dead letters once they are settled (a copy that follows links, `cp -L`,
-    `gsutil cp -r`, `aws s3 sync`, publishes them), the FIFO `notes` and the folder `more`; exit
-    0, and `kvtrace audit` then flags all three (NOT publishable). A regular file with another
-    name (st_nlink 2) is listed and its digest checked, then published still linked: a write to
-    the outside name afterwards changes the published trace in place (measured: its first row
-    became `{"timestamp": 0, "prompt": "x"}`). Fix: staged_files (and the segment folder's
-    listing) lists every entry by lstat and refuses, in one line, anything but a regular file
-    with one link, in the folder itself."""
+    audit accepts only what kvtrace writes'; brief: nothing private published). The launcher
+    checks the staged files' bytes, never the entries that hold them, and runs no gate: the
+    staging folder is listed by storage.files_in, which keeps regular files and links that
+    resolve to one, so a dangling link, a FIFO, a socket or a subfolder is no file to either
+    check (staged_manifest, check_staged), and publish_folder swaps the whole folder in.
+    Measured: the published trace folder holds `trace-00001-of-00002.jsonl ->
+    OUT-rejected/rejected-RUNID.jsonl`, which resolves to the run's private dead letters once
+    they are settled (a copy that follows links, `cp -L`, `gsutil cp -r`, `aws s3 sync`,
+    publishes them), the FIFO `notes` and the folder `more`; exit 0, and `kvtrace audit` then
+    flags all three (NOT publishable). Variants, each published (exit 0) and flagged by the
+    audit: a staged shard hard-linked from outside (st_nlink 2: a write to the outside name
+    afterwards changed the published trace in place), a staged shard given a `user.note`
+    extended attribute holding private text (copied by `cp -a`, `rsync -X`), the staging folder
+    itself swapped for a link to a folder of the same files (the output published as a link;
+    its letters then stay staged, as the output is not the folder their pointer names, while
+    the summary names `rejected-RUNID.jsonl`, which does not exist). Fix: the launcher holds
+    the staging folder to the audit's own entry checks (transforms/stats/audit: regular files
+    only, one link, no attribute but the SELinux label, no subfolder; the folder itself no
+    link) in the same pass as its digests (staged_files, check_staged)."""
     said = kvtrace_child(
-        *_night(tmp_path, tiny_tokenizer), prelude=_NOT_KVTRACES_ENTRIES[entries], timeout=120
+        *_night(tmp_path, tiny_tokenizer), prelude=_ENTRIES_KVTRACE_NEVER_WRITES, timeout=120
     )
     _refused_in_one_line(said)
     assert not (tmp_path / "out").exists()
@@ -278,7 +271,8 @@ shards.jsonl_bytes = _foreign
 @pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_shard_a_worker_wrote_unlike_kvtrace_is_not_published(tiny_tokenizer, tmp_path):
     """Promise (brief: accept only what kvtrace itself would write; nothing private published;
-    docs/AUDIT.md: 'The gate passes only what kvtrace itself writes'). The launcher derives the
+    docs/AUDIT.md: 'The gate passes only what kvtrace itself writes'). The cause of the test
+    above, in the files' bytes this time: the launcher derives the
     manifest from the staging folder and holds the record to it, but of the rows it reads only
     each line's leading time (RowTimes): what follows, the Parquet twin and stats.json are
     taken as the workers wrote them. A worker writing rows kvtrace does not (compromised, or
