@@ -150,19 +150,24 @@ def test_a_staging_folder_holding_entries_kvtrace_never_writes_publishes_nothing
     resolve to one, so a dangling link, a FIFO, a socket or a subfolder is no file to either
     check (staged_manifest, check_staged), and publish_folder swaps the whole folder in.
     Measured: the published trace folder holds `trace-00001-of-00002.jsonl ->
-    OUT-rejected/rejected-RUNID.jsonl`, which resolves to the run's private dead letters once
-    they are settled (a copy that follows links, `cp -L`, `gsutil cp -r`, `aws s3 sync`,
-    publishes them), the FIFO `notes` and the folder `more`; exit 0, and `kvtrace audit` then
-    flags all three (NOT publishable). Variants, each published (exit 0) and flagged by the
-    audit: a staged shard hard-linked from outside (st_nlink 2: a write to the outside name
-    afterwards changed the published trace in place), a staged shard given a `user.note`
-    extended attribute holding private text (copied by `cp -a`, `rsync -X`), the staging folder
-    itself swapped for a link to a folder of the same files (the output published as a link;
-    its letters then stay staged, as the output is not the folder their pointer names, while
-    the summary names `rejected-RUNID.jsonl`, which does not exist). Fix: the launcher holds
-    the staging folder to the audit's own entry checks (transforms/stats/audit: regular files
-    only, one link, no attribute but the SELinux label, no subfolder; the folder itself no
-    link) in the same pass as its digests (staged_files, check_staged)."""
+    OUT-rejected/rejected-RUNID.jsonl`, which resolves to the run's private dead letters (each
+    holding its record's line) once they are settled (a copy that follows links, `cp -L`,
+    `gsutil cp -r`, `aws s3 sync`, publishes them), the FIFO `notes` and the folder `more`;
+    exit 0, and `kvtrace audit` then flags all three (NOT publishable). Variants, each
+    published (exit 0): a staged shard hard-linked from outside (st_nlink 2: a write to the
+    outside name afterwards changed the published trace in place; the audit passes it too), a
+    staged shard given a `user.note` extended attribute holding private text (copied by
+    `cp -a`, `rsync -X`; the audit flags it), the staging folder itself swapped for a link to a
+    folder of the same files (the output published as a link, still marked private; its letters
+    then stay staged, as the output is not the folder their pointer names, while the summary
+    names `rejected-RUNID.jsonl`, which does not exist); and leftovers by the hundred thousand
+    are each digested and held in the derived manifest before the refusal (300,000 empty files:
+    the child's peak 254 -> 552 MB).
+    Fix: the launcher holds the staging folder, as it lists it (os.scandir, lstat), to the
+    names kvtrace writes there and to the audit's own entry checks (transforms/stats/audit:
+    regular files only, one link, no attribute but the SELinux label, no subfolder; the folder
+    itself no link), refusing at the first other entry, in the pass that digests them
+    (staged_files, check_staged)."""
     said = kvtrace_child(
         *_night(tmp_path, tiny_tokenizer), prelude=_ENTRIES_KVTRACE_NEVER_WRITES, timeout=120
     )
