@@ -14,11 +14,12 @@ worker, or another process writing into the staging folders would leave there.""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import SALT, chat, kvtrace_child, write_jsonl
+from helpers import SALT, chat, kvtrace_child, peak_rss_mb, write_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.beam]
 
@@ -300,3 +301,51 @@ def test_a_shard_a_worker_wrote_unlike_kvtrace_is_not_published(tiny_tokenizer, 
     else:
         _refused_in_one_line(said)
         assert not out.exists()
+
+
+# The job's segment file's index grown huge before the record is staged (a sparse GiB: a disk
+# error, a worker writing past its end), the record saying its size as the worker would: its
+# true one (its sha256 left as it was).
+_A_HUGE_STAGED_INDEX = """
+import os
+import kvtrace.pipelines.anonymize_night as night
+from kvtrace.transforms.ids import id_map
+_stage = night._stage_record
+def _grown(config, record):
+    if "segments" in record:
+        run = config.id_map
+        entry = record["segments"]["blocks"][0]
+        path = id_map.segment_path(
+            run.directory, run.base.version + 1, run.run_id, "blocks", entry["shard"]
+        )
+        os.truncate(path[: -len(".parquet")] + ".index.npz", 1 << 30)
+        entry["index"]["bytes"] = 1 << 30
+    return _stage(config, record)
+night._stage_record = _grown
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 26")
+def test_a_huge_staged_segment_file_is_refused_in_bounded_memory(tiny_tokenizer, tmp_path):
+    """Promise (brief: bounded memory on a huge staged file; docs/BOUNDS.md, 'a Beam night's
+    staged record': 'an index's size its file's before it is read', so that an index size of
+    10^15 is 'a one-line refusal, not a MemoryError'). The claim is now bounded by the file's
+    true size (_check_run_folder), but the file is not bounded by anything: the launcher then
+    reads the index whole into memory to digest it (_verified -> segments.check_listed ->
+    _read_whole: handle.read(size + 1)) before it finds its sha256 wrong. Measured: a 1 GiB
+    sparse index and the record's size of it, and the launcher peaks at 1.31 GB (a clean night
+    254 MB) before its one-line refusal; the data file likewise (a 1 GiB sparse file whose last
+    8 bytes give a footer of 1 GiB - 16: _read_footer reads it whole, 1.31 GB). Its line also
+    says `id map file ... is damaged ... Restore the id map from a backup`, of a staged file no
+    version lists. Fix: _bounded / _check_run_folder bound each staged file by what
+    write_segment writes for the rows the entry claims (an index: its Bloom filter and row
+    groups for that many rows; a footer: its row groups' metadata), and check_listed digests
+    the index in chunks, loading it only once verified."""
+    night = _night(tmp_path, tiny_tokenizer, "--id-map", str(tmp_path / "map"))
+    code = f"{_A_HUGE_STAGED_INDEX}\nimport sys\nfrom kvtrace.cli import main\n"
+    code += "sys.exit(main(sys.argv[1:]))"
+    status, peak, stderr = peak_rss_mb([sys.executable, "-c", code, *night])
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert status != 0 and len(errors) == 1, stderr[-2000:]
+    assert not (tmp_path / "out").exists()
+    assert peak < 700, f"peak RSS {peak} MB for a 1 GiB staged index"
