@@ -496,8 +496,10 @@ def _string(value: Any, where: str) -> str:
 
 
 # What a piece of a generation is: the turn's reasoning, its content, a tool call's name or its
-# arguments. A piece is (what, the tool call it belongs to or None, its value).
+# arguments, or its id (no text the model counts: a template may render it, as a prompt's call
+# keeps it). A piece is (what, the tool call it belongs to or None, its value).
 REASONING, CONTENT, CALL_NAME, CALL_ARGUMENTS = "reasoning", "content", "name", "arguments"
+CALL_ID = "id"
 Piece = tuple[str, Any, Any]
 
 
@@ -506,15 +508,17 @@ def generated_text(response: Any) -> str | None:
     arguments, from a Chat Completions, Responses or Anthropic response, or a list of streamed
     chunks; None when the response holds none of them."""
     pieces = _pieces(response)
-    return None if pieces is None else "".join(_piece_text(value) for _, _, value in pieces)
+    if pieces is None:
+        return None
+    return "".join(_piece_text(value) for what, _, value in pieces if what != CALL_ID)
 
 
 def generated_turn(response: Any, budget: ContainerBudget) -> dict[str, Any] | None:
     """The assistant message a response holds, normalized as a prompt's assistant message is
     (openai_messages): the pieces generated_text counts, put back where a chat template reads
-    them (reasoning_content, content, tool_calls), a stream's deltas joined per tool call; None
-    when the response holds no generation. The same walk as generated_text: the turn holds
-    exactly what the text holds."""
+    them (reasoning_content, content, tool_calls, with their ids as a prompt's calls keep them),
+    a stream's deltas joined per tool call; None when the response holds no generation. The
+    same walk as generated_text: the turn holds exactly what the text holds."""
     pieces = _pieces(response)
     if pieces is None:
         return None
@@ -524,12 +528,14 @@ def generated_turn(response: Any, budget: ContainerBudget) -> dict[str, Any] | N
         if call is None:
             texts[what].append(_piece_text(value))
         else:
-            calls.setdefault(call, {CALL_NAME: [], CALL_ARGUMENTS: []})[what].append(value)
+            parts = calls.setdefault(call, {CALL_ID: [], CALL_NAME: [], CALL_ARGUMENTS: []})
+            parts[what].append(value)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts[CONTENT])}
     if texts[REASONING]:
         message["reasoning_content"] = "".join(texts[REASONING])
     message["tool_calls"] = [
         {
+            **({"id": call[CALL_ID][0]} if call[CALL_ID] else {}),
             "type": "function",
             "function": {
                 "name": "".join(map(_piece_text, call[CALL_NAME])),
@@ -542,10 +548,10 @@ def generated_turn(response: Any, budget: ContainerBudget) -> dict[str, Any] | N
 
 
 def _pieces(response: Any) -> list[Piece] | None:
-    """Every chunk's pieces in order; None when there are none."""
+    """Every chunk's pieces in order; None when there are none but ids."""
     chunks = response if isinstance(response, list) else [response]
     pieces = [p for c in chunks if isinstance(c, dict) for p in _generated_pieces(c) or ()]
-    return pieces or None
+    return pieces if any(what != CALL_ID for what, _, _ in pieces) else None
 
 
 def _piece_text(value: Any) -> str:
@@ -622,6 +628,7 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Piece] | None:
         if type_of(item) == "function_call":
             call = ("item", position)
             pieces += [
+                (CALL_ID, call, item.get("call_id")),
                 (CALL_NAME, call, item.get("name")),
                 (CALL_ARGUMENTS, call, item.get("arguments")),
             ]
@@ -639,6 +646,7 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Piece] | None:
             if type_of(block) == "tool_use":
                 call = ("block", position)
                 pieces += [
+                    (CALL_ID, call, block.get("id")),
                     (CALL_NAME, call, block.get("name")),
                     (CALL_ARGUMENTS, call, block.get("input")),
                 ]
@@ -669,6 +677,7 @@ def message_pieces(message: dict[str, Any]) -> list[Piece]:
             index = call.get("index")
             key = ("call", index if isinstance(index, int) else position)
             pieces += [
+                (CALL_ID, key, call.get("id")),
                 (CALL_NAME, key, function.get("name")),
                 (CALL_ARGUMENTS, key, function.get("arguments")),
             ]

@@ -100,6 +100,32 @@ def test_a_deepseek_r1_reasoning_turn_counts_the_reasoning_its_template_leaves_o
     assert length > _count(deepseek_tokenizer, reasoning + "At noon.") + 1
 
 
+ANTHROPIC = {
+    "system": "Be brief.",
+    "messages": QUESTION,
+    "response": {
+        "type": "message",
+        "stop_reason": "end_turn",
+        "content": [{"type": "text", "text": "At noon."}],
+    },
+}
+RESPONSES = {
+    "input": QUESTION,
+    "response": {
+        "object": "response",
+        "status": "completed",
+        "output": [{"type": "message", "content": [{"type": "output_text", "text": "At noon."}]}],
+    },
+}
+
+
+@pytest.mark.parametrize("record", [ANTHROPIC, RESPONSES], ids=["anthropic", "responses"])
+def test_anthropic_and_responses_turns_count_as_chat_completions_turns(qwen3_tokenizer, record):
+    assert _lengths(qwen3_tokenizer, record) == [
+        _count(qwen3_tokenizer, "<think>\n\n</think>\n\nAt noon.<|im_end|>")
+    ]
+
+
 @pytest.mark.parametrize(("finish", "extra"), [("stop", 1), ("length", 0), (None, 0)])
 def test_a_completion_counts_its_text_and_the_stop_token_it_ended_at(
     qwen3_tokenizer, finish, extra

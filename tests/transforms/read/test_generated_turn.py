@@ -43,8 +43,8 @@ def test_a_streams_tool_calls_are_joined_per_call_with_arguments_as_objects():
         "role": "assistant",
         "content": "",
         "tool_calls": [
-            {"type": "function", "function": {"name": name, "arguments": {"place": place}}}
-            for name, place in (("get_tide", "Kyoto"), ("get_tide", "Osaka"))
+            {"id": i, "type": "function", "function": {"name": n, "arguments": {"place": p}}}
+            for i, n, p in (("a", "get_tide", "Kyoto"), ("b", "get_tide", "Osaka"))
         ],
     }
     # The same pieces the text counts, in the text's order.
@@ -105,6 +105,7 @@ def test_an_anthropic_message_is_the_turn_of_its_blocks():
     turn = _turn(response)
     assert turn is not None
     assert (turn["reasoning_content"], turn["content"]) == ("Kyoto first.", "Let me check.")
+    assert turn["tool_calls"][0]["id"] == "t"  # a call keeps its id, as a prompt's does
     assert turn["tool_calls"][0]["function"] == {
         "name": "get_tide",
         "arguments": {"place": "Kyoto"},
