@@ -76,10 +76,11 @@ def render_turn(
     eos = getattr(tokenizer, "special_tokens_map", {}).get("eos_token")
     conversation = through_end_of_turn(conversation, eos, request.output_stopped)
     reasoning = request.output_turn.get("reasoning_content")
-    shared = common_prefix(prompt, conversation)
-    # The template may strip the reasoning's ends (Qwen3's does): looked for without them.
-    dropped = reasoning if reasoning and reasoning.strip() not in conversation[shared:] else None
-    return Turn(conversation, dropped)
+    if not reasoning:
+        return Turn(conversation, None)
+    # Looked for past the prompt, without its ends, which a template may strip (Qwen3's does).
+    shown = reasoning.strip() in conversation[common_prefix(prompt, conversation) :]
+    return Turn(conversation, None if shown else reasoning)
 
 
 def through_end_of_turn(conversation: str, eos: str | None, stopped: bool | None) -> str:

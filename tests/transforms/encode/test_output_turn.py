@@ -86,6 +86,15 @@ def test_a_qwen3_plain_turn_counts_its_end_of_turn_unless_cut_at_its_length(qwen
     assert cut == stopped - 1
 
 
+def test_a_qwen3_reasoning_turn_counts_its_reasoning_once_as_the_template_writes_it(
+    qwen3_tokenizer,
+):
+    message = {"content": "At noon.", "reasoning_content": "\nMaizuru is nearest.\n"}
+    (length,) = _lengths(qwen3_tokenizer, _chat(message))
+    written = "<think>\nMaizuru is nearest.\n</think>\n\nAt noon.<|im_end|>"
+    assert length == _count(qwen3_tokenizer, written)
+
+
 def test_a_deepseek_r1_reasoning_turn_counts_the_reasoning_its_template_leaves_out(
     deepseek_tokenizer,
 ):
