@@ -42,7 +42,7 @@ def token_ids(lines: list[bytes], tokenizer: str) -> list[list[int]]:
     requests = [parse_one("corpus", line, ParseOptions()) for line in lines]
     rendered, failed = encoder.render([r for r in requests if isinstance(r, Request)])
     assert not failed
-    prompts, _ = encoder.tokenize(rendered)
+    prompts = encoder.tokenize(rendered)[0]
     return [np.frombuffer(p, "<u4").tolist() for p in prompts]
 
 

@@ -845,7 +845,7 @@ def kvtrace_token_ids(tokenizer: str, records: list[dict]) -> list[list[int]]:
     requests = [parse_record(json.dumps(r).encode(), "in.jsonl") for r in records]
     rendered, failed = encoder.render(requests)
     assert not failed
-    prompts, _ = encoder.tokenize(rendered)
+    prompts = encoder.tokenize(rendered)[0]
     return [np.frombuffer(data, "<u4").tolist() for data in prompts]
 
 

@@ -38,7 +38,6 @@ def _chunk(delta: dict, finish: str | None = None) -> dict:
     }
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 25")
 def test_a_streamed_tool_call_without_usage_is_not_exported_shorter_than_the_engine_generated(
     tmp_path,
 ):

@@ -31,6 +31,7 @@ from kvtrace.transforms.encode.hashed_batch import (
     link_keys,
     links_digest,
 )
+from kvtrace.transforms.encode.output_turn import Turn, generated_length, render_turn
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.schemes import HashScheme
 from kvtrace.transforms.encode.segment_cache import (
@@ -190,9 +191,15 @@ class EncodeOptions:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # bounds a rendered prompt (check_rendered)
 
 
-Rendered = list[tuple[Request, "str | None"]]  # each request with its prompt text, if any
-# prompt token bytes, output token bytes: each, or the tokenizer's failure on it
-Tokenized = tuple[list["bytes | TokenizerFailure"], list["bytes | TokenizerFailure"]]
+# each request with its prompt text, if any, and its generated turn's texts (output_turn.py)
+Rendered = list[tuple[Request, "str | None", "Turn | None"]]
+# prompt token bytes, output token bytes, turn token bytes (Turn.texts' in order): each, or the
+# tokenizer's failure on it
+Tokenized = tuple[
+    list["bytes | TokenizerFailure"],
+    list["bytes | TokenizerFailure"],
+    list["bytes | TokenizerFailure"],
+]
 
 
 class RequestEncoder:
@@ -237,19 +244,31 @@ class RequestEncoder:
         for request in batch:
             try:
                 prompt = self._prompt(request)
-                rendered.append((unrendered(request, prompt), prompt))
+                turn = None
+                if prompt is not None and request.output_turn is not None:
+                    turn = render_turn(
+                        self._tokenizer,
+                        request,
+                        prompt,
+                        self._template_kwargs,
+                        self._max_record_bytes,
+                    )
+                rendered.append((unrendered(request, prompt), prompt, turn))
             except Rejected as err:
                 rejected.append(request.letter(err.reason, err.message))
         return rendered, rejected
 
     def tokenize(self, rendered: Rendered) -> Tokenized:
-        """(prompt token bytes, output token bytes), through one segment-cached call for both."""
-        prompts = [p for _, p in rendered if p is not None]
-        outputs = [r.output_text for r, _ in rendered if r.output_text is not None]
+        """(prompt, output and turn token bytes), through one segment-cached call for all: a
+        turn's conversation repeats its prompt, whose segments the cache holds."""
+        prompts = [p for _, p, _ in rendered if p is not None]
+        outputs = [r.output_text for r, _, _ in rendered if r.output_text is not None]
+        turns = [text for _, _, turn in rendered if turn is not None for text in turn.texts()]
         if self._segments is None:  # a capture run: its requests hold no text
-            return [], []
-        data = self._segments.encode(prompts + outputs)
-        return data[: len(prompts)], data[len(prompts) :]
+            return [], [], []
+        data = self._segments.encode(prompts + outputs + turns)
+        split = len(prompts) + len(outputs)
+        return data[: len(prompts)], data[len(prompts) : split], data[split:]
 
     def take_cache_counts(self) -> CacheCounts:
         """What the segment cache did since the last take."""
@@ -268,10 +287,10 @@ class RequestEncoder:
     def hash(
         self, rendered: Rendered, tokenized: Tokenized
     ) -> tuple[HashedBatch | None, list[DeadLetter]]:
-        prompt_ids, output_ids = tokenized
-        token_lists, outputs = iter(prompt_ids), iter(output_ids)
+        prompt_ids, output_ids, turn_ids = tokenized
+        token_lists, outputs, turns = iter(prompt_ids), iter(output_ids), iter(turn_ids)
         hashed, rejected = [], []
-        for request, prompt in rendered:
+        for request, prompt, turn in rendered:
             if request.capture is not None:  # an engine's hashes: no tokens to wait for
                 if request.capture.block_size != self._block_size:
                     # Never re-cut: an engine block's tokens are not in the capture.
@@ -287,7 +306,15 @@ class RequestEncoder:
                 continue
             data = token_bytes(request.input_ids) if prompt is None else next(token_lists)
             generated = next(outputs) if request.output_text is not None else None
-            failed = next((r for r in (data, generated) if isinstance(r, TokenizerFailure)), None)
+            turn_data = None if turn is None else [next(turns) for _ in turn.texts()]
+            failed = next(
+                (
+                    r
+                    for r in (data, generated, *(turn_data or ()))
+                    if isinstance(r, TokenizerFailure)
+                ),
+                None,
+            )
             if failed is not None:
                 rejected.append(
                     request.letter(TOKENIZER_ERROR, f"the tokenizer failed on it: {failed.reason}")
@@ -302,14 +329,16 @@ class RequestEncoder:
                     )
                 )
                 continue
+            if generated is not None:  # counted against the prompt as rendered, before serving
+                output_length, generated = generated_length(
+                    data, generated, request.output_stopped, turn_data
+                )
             try:
                 data = served_tokens(request, data, self._specials)
             except Rejected as err:
                 rejected.append(request.letter(err.reason, err.message))
                 continue
-            if generated is not None:
-                output_length = len(generated) // TOKEN_DTYPE.itemsize
-            else:
+            if generated is None:
                 output_length = request.output_length or 0
             if not data:
                 rejected.append(request.letter("no_input", "renders to no tokens"))

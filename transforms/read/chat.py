@@ -495,23 +495,108 @@ def _string(value: Any, where: str) -> str:
     return value
 
 
+# What a piece of a generation is: the turn's reasoning, its content, a tool call's name or its
+# arguments, or its id (no text the model counts: a template may render it, as a prompt's call
+# keeps it). A piece is (what, the tool call it belongs to or None, its value).
+REASONING, CONTENT, CALL_NAME, CALL_ARGUMENTS = "reasoning", "content", "name", "arguments"
+CALL_ID = "id"
+Piece = tuple[str, Any, Any]
+
+
 def generated_text(response: Any) -> str | None:
     """What the model generated, as text to count: content, reasoning, tool-call names and
     arguments, from a Chat Completions, Responses or Anthropic response, or a list of streamed
     chunks; None when the response holds none of them."""
+    pieces = _pieces(response)
+    if pieces is None:
+        return None
+    return "".join(_piece_text(value) for what, _, value in pieces if what != CALL_ID)
+
+
+def generated_turn(response: Any, budget: ContainerBudget) -> dict[str, Any] | None:
+    """The assistant message a response holds, normalized as a prompt's assistant message is
+    (openai_messages): the pieces generated_text counts, put back where a chat template reads
+    them (reasoning_content, content, tool_calls, with their ids as a prompt's calls keep them),
+    a stream's deltas joined per tool call; None when the response holds no generation. The
+    same walk as generated_text: the turn holds exactly what the text holds."""
+    pieces = _pieces(response)
+    if pieces is None:
+        return None
+    texts: dict[str, list[str]] = {REASONING: [], CONTENT: []}
+    calls: dict[Any, dict[str, list[Any]]] = {}
+    for what, call, value in pieces:
+        if call is None:
+            texts[what].append(_piece_text(value))
+        else:
+            parts = calls.setdefault(call, {CALL_ID: [], CALL_NAME: [], CALL_ARGUMENTS: []})
+            parts[what].append(value)
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts[CONTENT])}
+    if texts[REASONING]:
+        message["reasoning_content"] = "".join(texts[REASONING])
+    message["tool_calls"] = [
+        {
+            **({"id": call[CALL_ID][0]} if call[CALL_ID] else {}),
+            "type": "function",
+            "function": {
+                "name": "".join(map(_piece_text, call[CALL_NAME])),
+                "arguments": _joined_arguments(call[CALL_ARGUMENTS]),
+            },
+        }
+        for call in calls.values()
+    ]
+    return _openai_message(message, 0, False, budget)
+
+
+def _pieces(response: Any) -> list[Piece] | None:
+    """Every chunk's pieces in order; None when there are none but ids."""
     chunks = response if isinstance(response, list) else [response]
-    texts: list[str] = []
-    found = False
-    for chunk in chunks:
+    pieces = [p for c in chunks if isinstance(c, dict) for p in _generated_pieces(c) or ()]
+    return pieces if any(what != CALL_ID for what, _, _ in pieces) else None
+
+
+def _piece_text(value: Any) -> str:
+    return value if isinstance(value, str) else _json_text(value)
+
+
+def _joined_arguments(values: list[Any]) -> Any:
+    """A call's arguments: an object as it came (Anthropic's input), a stream's strings joined."""
+    if len(values) == 1 and not isinstance(values[0], str):
+        return values[0]
+    return "".join(map(_piece_text, values))
+
+
+def ended_at_stop(response: Any) -> bool | None:
+    """Whether the first sequence ended at a stop (its end-of-sequence or a stop token or
+    string, which the engine generated and counts), or was cut at its length (nothing after
+    its text); None when the response does not say. The last reason given wins (a stream's
+    final chunk)."""
+    ended = None
+    for chunk in response if isinstance(response, list) else [response]:
         if not isinstance(chunk, dict):
             continue
-        for piece in _generated_pieces(chunk) or ():
-            found = True
-            if isinstance(piece, str):
-                texts.append(piece)
-            elif piece is not None:
-                texts.append(_json_text(piece))
-    return "".join(texts) if found else None
+        choice = _first_sequence(chunk.get("choices"))
+        reason = choice.get("finish_reason") if choice is not None else None
+        if chunk.get("type") == "message":  # Anthropic
+            reason = chunk.get("stop_reason")
+        elif chunk.get("object") == "response":  # Responses
+            reason = chunk.get("status")
+        if isinstance(reason, str) and reason in STOP_REASONS:
+            ended = STOP_REASONS[reason]
+    return ended
+
+
+# Each API's word for how a sequence ended: at a stop (True) or at its length (False).
+STOP_REASONS = {
+    "stop": True,
+    "tool_calls": True,
+    "end_turn": True,
+    "stop_sequence": True,
+    "tool_use": True,
+    "completed": True,
+    "length": False,
+    "max_tokens": False,
+    "incomplete": False,
+}
 
 
 def holds_generation(response: Any) -> bool:
@@ -522,9 +607,9 @@ def holds_generation(response: Any) -> bool:
     return any(isinstance(c, dict) and _generated_pieces(c) is not None for c in chunks)
 
 
-def _generated_pieces(chunk: dict[str, Any]) -> list[Any] | None:
+def _generated_pieces(chunk: dict[str, Any]) -> list[Piece] | None:
     """What a chunk generated, in order; None when it holds no place a generation is read."""
-    pieces: list[Any] = []
+    pieces: list[Piece] = []
     held = False
     choice = _first_sequence(chunk.get("choices"))
     if choice is not None:
@@ -533,27 +618,42 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Any] | None:
             pieces += message_pieces(message)
             held = True
         elif "text" in choice:
-            pieces.append(choice.get("text"))
+            pieces.append((CONTENT, None, choice.get("text")))
             held = True
     output = chunk.get("output")
     held = held or isinstance(output, list)
-    for item in output if isinstance(output, list) else []:  # Responses API
+    for position, item in enumerate(output if isinstance(output, list) else []):  # Responses
         if not isinstance(item, dict):
             continue
         if type_of(item) == "function_call":
-            pieces += [item.get("name"), item.get("arguments")]
+            call = ("item", position)
+            pieces += [
+                (CALL_ID, call, item.get("call_id")),
+                (CALL_NAME, call, item.get("name")),
+                (CALL_ARGUMENTS, call, item.get("arguments")),
+            ]
+        what = REASONING if type_of(item) == "reasoning" else CONTENT
         for part in _list(item.get("content")) or _list(item.get("summary")):
             if isinstance(part, dict):  # a refusal part's text generated too, as text_of reads it
-                pieces.append(part.get("refusal" if type_of(part) == "refusal" else "text"))
+                pieces.append(
+                    (what, None, part.get("refusal" if type_of(part) == "refusal" else "text"))
+                )
     if chunk.get("type") == "message" and isinstance(chunk.get("content"), list):  # Anthropic
         held = True
-        for block in chunk["content"]:
-            if isinstance(block, dict):
-                if type_of(block) == "tool_use":
-                    pieces += [block.get("name"), block.get("input")]
-                else:
-                    pieces.append(block.get("text", block.get("thinking")))
-    return [p for p in pieces if isinstance(p, (str, dict, list))] if held else None
+        for position, block in enumerate(chunk["content"]):
+            if not isinstance(block, dict):
+                continue
+            if type_of(block) == "tool_use":
+                call = ("block", position)
+                pieces += [
+                    (CALL_ID, call, block.get("id")),
+                    (CALL_NAME, call, block.get("name")),
+                    (CALL_ARGUMENTS, call, block.get("input")),
+                ]
+            else:
+                what = REASONING if type_of(block) == "thinking" else CONTENT
+                pieces.append((what, None, block.get("text", block.get("thinking"))))
+    return [p for p in pieces if isinstance(p[2], (str, dict, list))] if held else None
 
 
 def _first_sequence(choices: Any) -> dict[str, Any] | None:
@@ -565,14 +665,22 @@ def _first_sequence(choices: Any) -> dict[str, Any] | None:
     return None
 
 
-def message_pieces(message: dict[str, Any]) -> list[Any]:
+def message_pieces(message: dict[str, Any]) -> list[Piece]:
     """What a response's message (or a streamed chunk's delta) generated, in order, None where
-    it holds nothing: its reasoning, content, and each tool call's name and arguments."""
-    pieces = [*message_texts(message)]
-    for call in _list(message.get("tool_calls")):
+    it holds nothing: its reasoning, content, and each tool call's name and arguments (a
+    streamed delta's call known by its `index`, a message's by its place)."""
+    reasoning, content = message_texts(message)
+    pieces: list[Piece] = [(REASONING, None, reasoning), (CONTENT, None, content)]
+    for position, call in enumerate(_list(message.get("tool_calls"))):
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
-            pieces += [function.get("name"), function.get("arguments")]
+            index = call.get("index")
+            key = ("call", index if isinstance(index, int) else position)
+            pieces += [
+                (CALL_ID, key, call.get("id")),
+                (CALL_NAME, key, function.get("name")),
+                (CALL_ARGUMENTS, key, function.get("arguments")),
+            ]
     return pieces
 
 

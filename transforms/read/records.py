@@ -246,6 +246,12 @@ class Request:
     add_special_tokens: bool = False
     # The engine's cache salt (private: it seeds the request's chain, encode/blocks.py)
     cache_salt: str | None = None
+    # Where output_text is a response's generation (no usage): the assistant message it holds
+    # (chat.generated_turn; chat requests), counted as the template renders it
+    # (encode/output_turn.py), and whether it ended at a stop the engine generated
+    # (chat.ended_at_stop; None: not said).
+    output_turn: dict[str, Any] | None = None
+    output_stopped: bool | None = None
 
     def letter(self, reason: str, message: str) -> DeadLetter:
         """The dead letter of this request, refused after it parsed, withheld as its parse would
@@ -542,8 +548,8 @@ def _request(
     _check_one_sequence(sent, response)
     fields: dict[str, Any] = {"kind": kind}
     api = _request_api(kind, body, sent.get("tools"))
+    budget = ContainerBudget(containers)  # what the decoded bodies left
     if kind == "chat":
-        budget = ContainerBudget(containers)  # what the decoded bodies left
         fields["messages"], fields["tools"] = _chat(
             body, sent.get("tools"), options.drop_non_text_parts, budget
         )
@@ -565,7 +571,7 @@ def _request(
         if batch:
             raise Rejected("unjoined_batch", f"a Batch input line has no time: {BATCH_JOIN}")
         raise Rejected("missing_timestamp", "no timestamp, startTime or created field")
-    output_text, output_length = _output(declared_fields(record, envelope), body, response)
+    output_text, output_length, counted = _output(declared_fields(record, envelope), body, response)
     return Request(
         source=source,
         line=line,
@@ -576,6 +582,8 @@ def _request(
         response_ms=response_ms(record, body, response, ts, options.timestamp_unit),
         cached_tokens=_cached_tokens(declared_fields(record, envelope), response),
         defaulted=("output_length",) if output_text is None and output_length is None else (),
+        output_turn=chat.generated_turn(response, budget) if counted and kind == "chat" else None,
+        output_stopped=chat.ended_at_stop(response) if counted else None,
         links=links,
         continues=continued(fields.get("messages")) if options.links else None,
         **fields,
@@ -1132,30 +1140,30 @@ def _timestamp(record: dict, body: dict, response: dict | list | None, unit: str
 
 def _output(
     record: dict, body: dict, response: dict | list | None
-) -> tuple[str | None, int | None]:
-    """(text to tokenize, known length): the first source present, in docs/ANONYMIZE.md's order.
-    `record`: the record's declared fields (shapes.declared_fields), so every count read here
-    has had its type checked."""
+) -> tuple[str | None, int | None, bool]:
+    """(text to tokenize, known length, whether the text is the response's generation): the
+    first source present, in docs/ANONYMIZE.md's order. `record`: the record's declared fields
+    (shapes.declared_fields), so every count read here has had its type checked."""
     for holder in (record, body):
         if "output" in holder:
-            return holder["output"], None
+            return holder["output"], None, False
     for holder in (record, body):
         if "output_length" in holder:
-            return None, _count(holder["output_length"], "output_length")
+            return None, _count(holder["output_length"], "output_length"), False
     if "completion_tokens" in record:  # LiteLLM's logs
-        return None, _count(record["completion_tokens"], "completion_tokens")
+        return None, _count(record["completion_tokens"], "completion_tokens"), False
     if response is None:
-        return None, None
+        return None, None, False
     for chunk in reversed(response if isinstance(response, list) else [response]):
         usage = chunk.get("usage") if isinstance(chunk, dict) else None
         if isinstance(usage, dict):
             for name in ("completion_tokens", "output_tokens"):
                 if usage.get(name) is not None:
-                    return None, _count(usage[name], f"usage.{name}")
+                    return None, _count(usage[name], f"usage.{name}"), False
     text = chat.generated_text(response)
     if text is None and response and not chat.holds_generation(response):
         raise Rejected("unread_response", f"{_shape(response)}: no usage or generation read")
-    return text, None
+    return text, None, text is not None
 
 
 def _shape(response: dict | list) -> str:

@@ -16,8 +16,10 @@ A text chunk, a null field read as an absent one (as the readers see it: records
 So the declared shapes accept a text chunk (each field is of its declared type, none required
 is missing), it nests exactly as deep as the chunk merged from it, and it holds no usage,
 cached count, arrival time, tool call or output item. What it generated is
-chat.message_texts of its delta, the rule the generated text is read by; a merged chunk's
-delta holds the run's texts joined in order (a run that generated none leaves no chunk).
+chat.message_texts of its delta, the rule the generated text is read by; a run merges into a
+chunk per stretch of its texts of one kind (reasoning, content), that stretch joined, in order,
+so the generated turn (chat.generated_turn) reads its reasoning and content apart as in the
+whole list (a run that generated none leaves an empty delta).
 
 records.request_from_object reads the record with the condensed list first and, should that
 be refused, the whole list: a dead letter names what the whole list holds, at its index. The
@@ -38,10 +40,12 @@ cut short before its usage is counted by what it streamed.
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from kvtrace.transforms.errors import Rejected
-from kvtrace.transforms.read.chat import message_texts
+from kvtrace.transforms.read.chat import STOP_REASONS, message_texts
 from kvtrace.transforms.read.shapes import RESPONSE_OBJECT, Path, spelled, type_name
 
 _SCALARS = frozenset({str, int, float, bool})
@@ -245,18 +249,21 @@ def condensed(chunks: list[Any]) -> list[Any] | None:
     chunk that dates the stream and those before it kept as they are."""
     first = dating_chunk(chunks) + 1
     kept: list[Any] = chunks[:first]
-    run: list[str | None] = []  # what the current run of text chunks generated
+    run: list[tuple[str, str | None]] = []  # what the current run of text chunks generated
+    ended = None  # the last of its finish reasons chat.ended_at_stop reads
     for chunk in chunks[first:]:
         texts = chunk_texts(chunk)
         if texts is not None:
-            run += texts
+            run += zip(TEXT_KINDS, texts)
+            reason = chunk["choices"][0].get("finish_reason")
+            ended = reason if reason in STOP_REASONS else ended
             continue
         if run:
-            kept += _merged(run)
-            run = []
+            kept += _merged(run, ended)
+            run, ended = [], None
         kept.append(chunk)
     if run:
-        kept += _merged(run)
+        kept += _merged(run, ended)
     return kept if len(kept) < len(chunks) else None
 
 
@@ -289,9 +296,25 @@ def _holds_only(value: dict[str, Any], fields: dict[str, Any]) -> bool:
     return True
 
 
-def _merged(texts: list[str | None]) -> list[dict[str, Any]]:
-    """The chunk a run merges into, holding what it generated joined (an empty delta if it
-    generated nothing, not even an empty text): kept, as the first sequence's chunk it is, so
-    the response's sequences are counted as its whole list counts them."""
-    pieces = [text for text in texts if text is not None]
-    return [{"choices": [{"delta": {"content": "".join(pieces)} if pieces else {}}]}]
+# The delta fields a merged chunk holds each kind of text in, in chat.message_texts' order.
+TEXT_KINDS = ("reasoning_content", "content")
+
+
+def _merged(texts: list[tuple[str, str | None]], ended: str | None) -> list[dict[str, Any]]:
+    """The chunks a run merges into, one per stretch of texts of one kind (a stretch of content
+    joins the reasoning before it), each holding its stretch joined (an empty delta if the run
+    generated nothing, not even an empty text), the
+    last with the run's finish reason: kept, as the first sequence's chunks they are, so the
+    response's sequences are counted as its whole list counts them."""
+    pieces = [(kind, text) for kind, text in texts if text is not None]
+    deltas: list[dict[str, str]] = []
+    for kind, stretch in groupby(pieces, key=itemgetter(0)):
+        text = "".join(text for _, text in stretch)
+        if deltas and kind not in deltas[-1] and kind == TEXT_KINDS[-1]:
+            deltas[-1][kind] = text  # content after reasoning: read after it in one delta
+        else:
+            deltas.append({kind: text})
+    choices: list[dict[str, Any]] = [{"delta": delta} for delta in deltas or [{}]]
+    if ended is not None:
+        choices[-1]["finish_reason"] = ended
+    return [{"choices": [choice]} for choice in choices]

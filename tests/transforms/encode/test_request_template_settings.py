@@ -47,7 +47,7 @@ def test_each_setting_renders_and_merges_over_the_runs(tiny_tokenizer):
     ]
     rendered, rejected = encoder.render([_request(o) for o in own])
     assert not rejected
-    assert [prompt for _, prompt in rendered] == [
+    assert [prompt for _, prompt, _ in rendered] == [
         "hi|True||null|x|True",
         "hi|True||null|x|False",
         "hi|False||null|x|True",
@@ -102,7 +102,7 @@ def test_a_render_past_the_record_bound_is_too_large_before_it_is_tokenized(tiny
         for own in (None, {"eos_token": eos}, {"eos_token": eos + "w"})
     ]
     rendered, rejected = encoder.render(requests)
-    assert [prompt for _, prompt in rendered] == ["q</s>" * 100, ("q" + eos) * 100]
+    assert [prompt for _, prompt, _ in rendered] == ["q</s>" * 100, ("q" + eos) * 100]
     assert [letter.reason for letter in rejected] == ["too_large"]
     assert f"over {limit} bytes" in rejected[0].message
 

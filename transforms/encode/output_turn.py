@@ -1,0 +1,133 @@
+"""A response's generation counted as the engine generated it, where the log holds no usage.
+
+The text a response holds (read.chat.generated_text) is what the engine's parsers left of the
+tokens the model generated: the tool calls cut out of the template's tool-call markup, the
+reasoning out of its think markup, the end-of-turn token dropped. So the turn is counted through
+the run's own chat template, as the engine's next request would render it: the prompt's
+messages and the assistant message the response holds (chat.generated_turn) rendered without a
+generation prompt, tokenized through the same segment-cached call as the prompt, and the tokens
+past the prompt (rendered with its generation prompt, what the prompt tokens already are) are
+the turn's. docs/ANONYMIZE.md says the rule and its cases:
+- the end-of-turn token the template writes after the turn counts (the engine generated it as
+  its stop token), the whitespace the template writes after it does not; a sequence cut at its
+  length generated no end-of-turn token;
+- a template that rewrites what the prompt rendered (the conversation's tokens no extension of
+  the prompt's): the turn is what the conversation renders past the tokens the two share;
+- a template that leaves the turn's reasoning out: the reasoning's own tokens are added (the
+  engine generated them);
+- whatever the turn counts, the output is never shorter than the text's own tokens and the stop
+  token the response says it ended at (the count without a template: the completions API).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvtrace.transforms.encode.blocks import TOKEN_DTYPE
+from kvtrace.transforms.encode.tokenize import check_rendered, render_chat
+from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.records import Request
+
+
+@dataclass(frozen=True)
+class Turn:
+    """The texts a generated turn is counted from: the conversation it ends (its prompt's
+    messages and the turn, rendered without a generation prompt, through its end-of-turn
+    token), and the reasoning the template left out of it, if any."""
+
+    conversation: str
+    dropped_reasoning: str | None
+
+    def texts(self) -> list[str]:
+        """The texts to tokenize, in the order generated_length takes their tokens."""
+        return [self.conversation] + ([self.dropped_reasoning] if self.dropped_reasoning else [])
+
+
+def render_turn(
+    tokenizer: Any,
+    request: Request,
+    prompt: str,
+    template_kwargs: dict[str, Any],
+    max_record_bytes: int,
+) -> Turn | None:
+    """The Turn of a chat request whose output is its response's generation, rendered under the
+    same budget and bound as its prompt; None where there is none to render, or the template
+    does not render it (then the text's count stands)."""
+    if request.output_turn is None or request.kind != "chat" or request.messages is None:
+        return None
+    own = dict(request.template_kwargs or {})
+    if {**template_kwargs, **own}.get("continue_final_message"):
+        return None  # the generation continues the prompt's last message: no turn of its own
+    try:
+        conversation = render_chat(
+            tokenizer,
+            [*request.messages, request.output_turn],
+            request.tools,
+            template_kwargs,
+            request.timestamp_ms,
+            {**own, "add_generation_prompt": False},
+        )
+        check_rendered(conversation, len(request.line), max_record_bytes)
+    except Rejected:
+        return None
+    eos = getattr(tokenizer, "special_tokens_map", {}).get("eos_token")
+    conversation = through_end_of_turn(conversation, eos, request.output_stopped)
+    reasoning = request.output_turn.get("reasoning_content")
+    if not reasoning:
+        return Turn(conversation, None)
+    # Looked for past the prompt, without its ends, which a template may strip (Qwen3's does).
+    shown = reasoning.strip() in conversation[common_prefix(prompt, conversation) :]
+    return Turn(conversation, None if shown else reasoning)
+
+
+def through_end_of_turn(conversation: str, eos: str | None, stopped: bool | None) -> str:
+    """The conversation through the end-of-turn token that ends it (the whitespace a template
+    writes after it never generated), or before it for a sequence cut at its length (stopped
+    False); as it is where it does not end in that token."""
+    at = conversation.rfind(eos) if eos else -1
+    if at < 0 or conversation[at + len(eos or "") :].strip():
+        return conversation
+    return conversation[:at] if stopped is False else conversation[: at + len(eos or "")]
+
+
+def common_prefix(first: str, second: str) -> int:
+    """The length of the longest prefix the two share, by halving (each test one C compare)."""
+    if second.startswith(first):
+        return len(first)
+    low, high = 0, min(len(first), len(second))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if first[:middle] == second[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def generated_length(
+    prompt: bytes, text: bytes, stopped: bool | None, turn: list[bytes] | None
+) -> tuple[int, bytes]:
+    """(the output length, the generated tokens to hash): prompt, text and turn as token_bytes
+    (turn: Turn.texts' tokens). The tokens the conversation holds past those it shares with
+    the prompt, with a dropped reasoning's, but never fewer than the text's and its stop token;
+    the turn's tokens are the ones hashed where they extend the prompt, else the text's."""
+    floor = len(text) // TOKEN_DTYPE.itemsize + (1 if stopped else 0)
+    if turn is None:
+        return floor, text
+    conversation, *dropped = turn
+    shared = _shared_tokens(prompt, conversation)
+    generated = conversation[shared * TOKEN_DTYPE.itemsize :]
+    counted = (len(generated) + sum(map(len, dropped))) // TOKEN_DTYPE.itemsize
+    extends = shared * TOKEN_DTYPE.itemsize == len(prompt) and not dropped
+    return max(floor, counted), generated if extends else text
+
+
+def _shared_tokens(first: bytes, second: bytes) -> int:
+    """How many leading tokens two token_bytes share."""
+    a, b = np.frombuffer(first, TOKEN_DTYPE), np.frombuffer(second, TOKEN_DTYPE)
+    size = min(len(a), len(b))
+    differ = np.flatnonzero(a[:size] != b[:size])
+    return int(differ[0]) if differ.size else size
