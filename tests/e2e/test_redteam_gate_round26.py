@@ -1,0 +1,88 @@
+"""Red team round 26, the gate (nothing private published): reproducers of what `kvtrace audit`
+still passes on a folder holding rows kvtrace never writes, each asserting the promised
+behaviour (refused, exit 1, in one line), so each fails until it is fixed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import chat, kvtrace_child, write_jsonl
+from kvtrace.transforms.stats.audit import _Rows
+from kvtrace.transforms.trace_format import (
+    MANIFEST,
+    STATS,
+    TraceColumns,
+    canonical_json,
+    columns_of_jsonl,
+    jsonl_bytes,
+    parquet_bytes,
+)
+from kvtrace.transforms.write.manifest import set_content_times
+from kvtrace.transforms.write.publish import sha256_of
+
+pytestmark = pytest.mark.slow
+SHARD = "trace-00000-of-00001"
+DAY_MS = 86_400_000
+
+
+@pytest.fixture(scope="module")
+def night(tiny_tokenizer, tmp_path_factory) -> Path:
+    """A publishable night at block size 4: six rows 1 s apart, two sessions."""
+    tmp = tmp_path_factory.mktemp("redgate26")
+    log = write_jsonl(tmp / "night.jsonl", [chat(i, 1000 * i, f"s{i % 2}") for i in range(6)])
+    made = kvtrace_child(
+        "anonymize", "--input", str(log), "--output", str(tmp / "out"),
+        "--tokenizer", tiny_tokenizer, "--block-size", "4", "--quiet",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    audited = kvtrace_child("audit", str(tmp / "out"))
+    assert audited.returncode == 0, audited.stdout
+    return tmp / "out"
+
+
+def _republished(night: Path, folder: Path, columns: TraceColumns) -> Path:
+    """A copy of the night holding these rows, rewritten as anyone can with kvtrace's own
+    serializers: both twins, stats.json from the rows, the manifest's digests, content times."""
+    shutil.copytree(night, folder)
+    (folder / f"{SHARD}.jsonl").write_bytes(jsonl_bytes(columns))
+    (folder / f"{SHARD}.parquet").write_bytes(parquet_bytes(columns))
+    manifest = json.loads((folder / MANIFEST).read_text())
+    rows = _Rows()
+    rows.block_size = manifest["block_size"]
+    rows.add(columns, None)
+    (folder / STATS).write_bytes(canonical_json(rows.stats()))
+    manifest["sha256"] = {
+        name: sha256_of((folder / name).read_bytes()) for name in manifest["files"]
+    }
+    (folder / MANIFEST).write_bytes(canonical_json(manifest))
+    set_content_times(str(folder))
+    return folder
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 26")
+def test_a_nights_rows_further_apart_than_the_batch_rule_keeps_are_refused(night, tmp_path):
+    """kvtrace publishes no night whose rows lie over MAX_GAP_DAYS (7 days) of days apart: the
+    reader letters such a request `implausible_timestamp` (a clock reset, another clock), and
+    the stream's audit refuses a stream of such rows (_check_stream_gap: "a clock gone wrong
+    was published"). The night's audit holds only the first row to 0 (round 1), never the gaps:
+    the same six rows with the first at 0 and the other five at the log's wall clock (epoch
+    seconds, 1.76e9, read as ms: 20 days on) pass as publishable, and so does a last row at
+    the 40-bit integer that spells "alice" (13 years on). Promised: refused, as the stream's
+    audit refuses it (read/timestamps.widest_kept_gap_ms at the night's granule)."""
+    columns = columns_of_jsonl((night / f"{SHARD}.jsonl").read_bytes())
+    wall_clock = columns.timestamp.copy()
+    wall_clock[1:] += 1_764_300_000  # the log's epoch seconds, after a first row at 0
+    spelled = columns.timestamp.copy()
+    spelled[-1] = int.from_bytes(b"alice", "big")
+    for name, times in (("wall-clock", wall_clock), ("spelled", spelled)):
+        assert int(np.diff(times).max()) > 8 * DAY_MS  # rows kvtrace never writes
+        folder = _republished(night, tmp_path / name, dataclasses.replace(columns, timestamp=times))
+        audited = kvtrace_child("audit", str(folder))
+        assert audited.returncode == 1, (name, audited.stdout[-400:])
+        assert "days apart" in audited.stdout, name
