@@ -86,3 +86,33 @@ def test_a_nights_rows_further_apart_than_the_batch_rule_keeps_are_refused(night
         audited = kvtrace_child("audit", str(folder))
         assert audited.returncode == 1, (name, audited.stdout[-400:])
         assert "days apart" in audited.stdout, name
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 26")
+def test_a_parent_row_outside_its_rows_session_is_refused(tiny_tokenizer, tmp_path):
+    """kvtrace links a row to a parent only within its session: the one link a row continues is
+    a tool call's, keyed within the request's conversation, and a request of no session
+    continues none (encode/hashed_batch.link_key; read/links.py). So a night it writes with
+    --emit-parents never holds a parent_row on a row without a session, nor one naming a row
+    of another session. The gate holds a parent only to precede its row (_Rows._check_parents):
+    the agent night (helpers.agent_log) with its sessionless last row pointed at row 5 and row
+    6 (session 1) at row 2 (session 0) passes as publishable, so every row's parent is a free
+    choice among the rows before it (log2(i) bits a row, a link between two users' conversations
+    no log made). Promised: refused, each parent a row of the row's own session."""
+    from helpers import agent_log
+
+    log = write_jsonl(tmp_path / "agent.jsonl", [record for record, _ in agent_log()])
+    night = tmp_path / "night"
+    made = kvtrace_child(
+        "anonymize", "--input", str(log), "--output", str(night), "--tokenizer", tiny_tokenizer,
+        "--block-size", "4", "--emit-parents", "--quiet",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert kvtrace_child("audit", str(night)).returncode == 0
+    columns = columns_of_jsonl((night / f"{SHARD}.jsonl").read_bytes())
+    assert list(columns.session[5:]) == [1, 1, -1] and list(columns.parent[5:]) == [-1, 5, -1]
+    parents = columns.parent.copy()
+    parents[6], parents[7] = 2, 5  # session 1's row to session 0's; the sessionless row to one
+    folder = _republished(night, tmp_path / "out", dataclasses.replace(columns, parent=parents))
+    audited = kvtrace_child("audit", str(folder))
+    assert audited.returncode == 1, audited.stdout[-400:]
