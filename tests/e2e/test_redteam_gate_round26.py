@@ -116,3 +116,43 @@ def test_a_parent_row_outside_its_rows_session_is_refused(tiny_tokenizer, tmp_pa
     folder = _republished(night, tmp_path / "out", dataclasses.replace(columns, parent=parents))
     audited = kvtrace_child("audit", str(folder))
     assert audited.returncode == 1, audited.stdout[-400:]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 26")
+def test_a_capture_nights_rows_hold_only_the_fields_its_format_gives(tiny_tokenizer, tmp_path):
+    """A night of engine captures publishes what its capture format logs (docs/CAPTURES.md):
+    LMCache's lookup hash log gives no output length (0, counted as defaulted), no session, no
+    response time, and captures give no links (no parent_row). The gate holds a capture night's
+    manifest to its format (`engine_capture`, confirmed by --capture) but its rows only to what
+    any night's rows may hold: six LMCache rows given sessions, response times and output
+    lengths (each up to 2^31 - 1), all rewritten with kvtrace's serializers, pass `audit
+    --capture lmcache-lookup-hashes` as publishable: ~60 chosen bits a row where the format
+    has none (a parent_row on each passes too). Promised: refused, a capture night's rows
+    holding only the fields its format gives."""
+    from helpers import kvtrace_token_ids, lmcache_lookup
+
+    records = [chat(i, 1_700_000_000_000 + 1_000 * i, f"s{i % 2}", i % 3) for i in range(6)]
+    token_ids = kvtrace_token_ids(tiny_tokenizer, records)
+    lookups = [
+        lmcache_lookup(r["timestamp"] / 1000, f"req-{i}", ids, 4)
+        for i, (r, ids) in enumerate(zip(records, token_ids))
+    ]
+    capture = write_jsonl(tmp_path / "lookup_hashes_20260401_000000_000000.jsonl", lookups)
+    night, lmcache = tmp_path / "night", ("--capture", "lmcache-lookup-hashes")
+    made = kvtrace_child(
+        "anonymize", "--input", str(capture), "--output", str(night), *lmcache,
+        "--block-size", "4", "--quiet",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert kvtrace_child("audit", str(night), *lmcache).returncode == 0
+    columns = columns_of_jsonl((night / f"{SHARD}.jsonl").read_bytes())
+    assert not columns.output_length.any() and (columns.session == -1).all()
+    chosen = dataclasses.replace(
+        columns,
+        session=np.array([0, 1, 0, 1, 0, 1]),
+        response_ms=np.array([418_430, 1, 2, 3, 4, 5]),
+        output_length=np.arange(7, 13),
+    )
+    folder = _republished(night, tmp_path / "out", chosen)
+    audited = kvtrace_child("audit", str(folder), *lmcache)
+    assert audited.returncode == 1, audited.stdout[-400:]
