@@ -99,7 +99,13 @@ from kvtrace.transforms.ids.id_shards import DEFAULT_ID_SHARDS, placed, window_p
 from kvtrace.transforms.ids.steps import QUERY, NumberNew, SeenShard, ShardStore
 from kvtrace.transforms.read.steps import parse_records
 from kvtrace.transforms.read.timestamps import MAX_GAP_DAYS
-from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, parse_json, window_index
+from kvtrace.transforms.trace_format import (
+    MANIFEST,
+    STREAM_TOTALS,
+    canonical_json,
+    parse_json,
+    window_index,
+)
 from kvtrace.transforms.write.coarsen import Coarsening, round_to
 from kvtrace.transforms.write.manifest import RUN_COUNTS, set_content_times
 from kvtrace.transforms.write.publish import (
@@ -804,9 +810,21 @@ class WriteWindows(beam.DoFn):
         rejected.begin(night.staging)
         try:
             written.manifest = publish_night(night, plan.requests, numbered, dict(progress.next_id))
+        except Exception:
+            _remove_partial(output)
+            raise
         finally:  # with the window, or gone with the attempt
             settled = rejected.settle(written.manifest is not None)
         written.letters = rejected.published in settled
+
+
+def _remove_partial(output: str) -> None:
+    """What a failed publish copied of a window into an object store (one object at a time,
+    its manifest last: publish._publish_remote) removed, unless a manifest stands there (a
+    whole window, as an earlier attempt published it); a local window is swapped in whole."""
+    if storage.is_url(output) and not storage.exists(storage.join(output, MANIFEST)):
+        with suppress(OSError):  # the failure stays the publish's; a copy left has no manifest
+            storage.remove_folder(output)
 
 
 @dataclasses.dataclass

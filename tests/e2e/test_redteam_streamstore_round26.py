@@ -407,3 +407,35 @@ def test_a_streams_letters_are_never_written_inside_another_streams_folder_on_an
     )
     assert s3_lines(s3, "live/rejected/", "") == 0
     assert code == 2
+
+
+@pytest.mark.beam
+def test_a_window_whose_copy_fails_on_an_object_store_leaves_no_partial_copy(
+    s3, tiny_tokenizer, tmp_path, monkeypatch
+):
+    """An object store publishes a window one object at a time, its manifest last: a copy
+    refused part-way would leave the window's shards, no manifest, in the published prefix.
+    The failure handler removes them; the window's requests are letters, counted."""
+    from apache_beam.io.aws.clients.s3 import boto3_client, messages
+
+    from helpers import run_stream
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    failures = failures_here(monkeypatch)
+    s3.create_bucket(Bucket=BUCKET)
+    copy = boto3_client.Client.copy
+
+    def refused(client: object, request: object) -> object:
+        if request.dest_key.startswith("live/window-") and request.dest_key.endswith(
+            "manifest.json"
+        ):
+            raise messages.S3ClientError("Access Denied", 403)
+        return copy(client, request)
+
+    monkeypatch.setattr(boto3_client.Client, "copy", refused)
+    config = on_s3(tmp_path, tiny_tokenizer)
+    run_stream(config, window_then_more(with_later=False))
+    assert failures
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])]
+    assert not [key for key in keys if key.startswith("live/window-")], keys
+    assert s3_lines(s3, "live-rejected/rejected-", ".jsonl") == 4
