@@ -814,7 +814,7 @@ class WriteWindows(beam.DoFn):
             _remove_partial(output)
             raise
         finally:  # with the window, or gone with the attempt
-            settled = rejected.settle(written.manifest is not None)
+            settled = _settle_or_drop(rejected, written.manifest is not None)
         written.letters = rejected.published in settled
 
 
@@ -939,10 +939,8 @@ def _rename_with_letters(
 ) -> bool:
     """temporary renamed to path with letters (a run's name, its dead letters) published by the
     same step (DeadLetterRun): the letters published are the ones the file counts. Whether the
-    run's letters file was renamed in, as the settle reports it. Should a step fail, the
-    letters not published are dropped with their pointer (beside temporary: in the published
-    folder for cumulative.json's), which names the private dead-letter folder: the writer
-    letters them another way, or counts them unlettered (WriteWindows._letter)."""
+    run's letters file was renamed in, as the settle reports it; should a step fail, the
+    letters not published are dropped (_drop)."""
     run_name, dead_letters = letters
     rejected = DeadLetterRun(config.job.dead_letter, path, config.run_name(run_name))
     storage.remove_folder(rejected.staging)  # an attempt killed mid-way: not part of this one
@@ -950,14 +948,32 @@ def _rename_with_letters(
     try:
         write_dead_letters(rejected.staging, dead_letters)
         storage.rename(temporary, path)
-        return rejected.published in rejected.settle(run_succeeded=True)
     except Exception:
-        storage.remove_folder(rejected.staging)
-        if rejected.pointer is not None:  # last: it tells of the letters until they are gone
-            with suppress(FileNotFoundError):
-                os.remove(rejected.pointer)
-            storage.forget_on_exit(rejected.pointer)
+        _drop(rejected)
         raise
+    return rejected.published in _settle_or_drop(rejected, run_succeeded=True)
+
+
+def _settle_or_drop(rejected: DeadLetterRun, run_succeeded: bool) -> list[str]:
+    """rejected.settle's files published; should it fail, the letters it did not publish are
+    dropped (_drop): the writer letters them another way."""
+    try:
+        return rejected.settle(run_succeeded)
+    except Exception:
+        _drop(rejected)
+        raise
+
+
+def _drop(rejected: DeadLetterRun) -> None:
+    """A stream's letters run that failed, its staged letters removed and then its pointer
+    (beside the staged file or folder: in the published folder for cumulative.json's), which
+    names the private dead-letter folder: no run of the stream settles them later, the writer
+    letters them another way or counts them unlettered (WriteWindows._letter)."""
+    storage.remove_folder(rejected.staging)
+    if rejected.pointer is not None:  # last: it tells of the letters until they are gone
+        with suppress(FileNotFoundError):
+            os.remove(rejected.pointer)
+        storage.forget_on_exit(rejected.pointer)
 
 
 def _replace(path: str, content: bytes, private: bool) -> None:

@@ -207,6 +207,7 @@ def test_a_window_in_place_whose_letters_fail_is_counted_as_published(
     rows = rows_in(Path(config.job.output))
     assert rows == 4  # window-000000 stands
     assert stream_counts(dead) == {"read": 7, "exported": rows, "rejected": 7 - rows}
+    assert not list(dead.glob(".*"))  # its letters unsettled: dropped, lettered another way
 
 
 @pytest.mark.beam
@@ -246,6 +247,7 @@ def test_letters_whose_publish_fails_are_never_taken_for_published(
     ]
     counted = re.search(r"\b1 records? read were neither published nor lettered", line)
     assert len(lettered) == 1 or counted, line
+    assert not list(Path(config.job.output).glob(".*.letters"))  # no pointer left published
 
 
 @pytest.mark.beam
