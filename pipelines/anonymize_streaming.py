@@ -51,7 +51,7 @@ import re
 import time
 import typing
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -99,7 +99,13 @@ from kvtrace.transforms.ids.id_shards import DEFAULT_ID_SHARDS, placed, window_p
 from kvtrace.transforms.ids.steps import QUERY, NumberNew, SeenShard, ShardStore
 from kvtrace.transforms.read.steps import parse_records
 from kvtrace.transforms.read.timestamps import MAX_GAP_DAYS
-from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, parse_json, window_index
+from kvtrace.transforms.trace_format import (
+    MANIFEST,
+    STREAM_TOTALS,
+    canonical_json,
+    parse_json,
+    window_index,
+)
 from kvtrace.transforms.write.coarsen import Coarsening, round_to
 from kvtrace.transforms.write.manifest import RUN_COUNTS, set_content_times
 from kvtrace.transforms.write.publish import (
@@ -110,6 +116,7 @@ from kvtrace.transforms.write.publish import (
     claimed_by,
     make_staging,
     mark_output,
+    mark_stream_object,
     output_key,
 )
 from kvtrace.transforms.write.shards import block_hashes_staging
@@ -645,51 +652,58 @@ class WriteWindows(beam.DoFn):
         self, plan: WindowPlan | LettersPlan, published: Published, own: list, progress: Progress
     ) -> Iterator[dict]:
         """One plan, its window or letters published with cumulative.json and the run counts,
-        under one failure handler: whatever step fails (the window, the totals after it, the
-        counts), the stream drains and stops (stream_drain.fail), and what the failure left
-        unpublished is letters (_unpublished), so no failure escapes the step (Beam would
-        retry the bundle and the job die undrained, losing what the open windows hold)."""
-        if progress.failed is None:
-            # What cumulative.json says of the windows: the controller's, while the writer
-            # publishes them; after a window it could not, only the windows before it.
-            before = (progress.windows, progress.published_ms, progress.origin_ms)
-            counts = (progress.rows, progress.rejected, dict(progress.next_id))
-            progress.windows, progress.published_ms, progress.origin_ms = published
-            manifest = None
-            try:
-                if isinstance(plan, WindowPlan):
-                    manifest = self._write(plan, window_ids(plan, own), progress)
-                else:
-                    progress.rejected += len(plan.letters)
-                write_cumulative(self._config, progress, self._letters_of(plan))
-            except (JobStopped, OutputRefused, OSError) as err:
-                progress.failed = (
-                    f"{type(err).__name__}: {JobStopped.message_in(err) or err}".splitlines()[0]
-                )
-                logging.error("%s: the stream stops: %s", plan.name, progress.failed)
-                fail(err)
-                if manifest is not None:  # renamed into place: exported, whatever failed after
-                    yield manifest
-                    return
-                if isinstance(plan, LettersPlan) and storage.exists(self._published(plan)):
-                    return  # its letters stand published: counted as they are
-                progress.windows, progress.published_ms, progress.origin_ms = before
-                progress.rows, progress.rejected, progress.next_id = counts
+        under one failure handler, whatever fails (any Exception: each store and step raises
+        its own): the stream drains and stops (stream_drain.fail), what the write made true
+        (Written, as its steps report it) stands and is counted, and the rest is letters, so
+        no failure escapes the step (Beam would retry the bundle and the job die undrained,
+        losing what the open windows hold). Every branch writes the run counts once."""
+        if progress.failed is not None:
+            self._unpublished(plan, progress)
+            return
+        # What cumulative.json says of the windows: the controller's, while the writer
+        # publishes them; after a window it could not, only the windows before it.
+        before = (progress.windows, progress.published_ms, progress.origin_ms)
+        counts = (progress.rows, progress.rejected, dict(progress.next_id))
+        progress.windows, progress.published_ms, progress.origin_ms = published
+        written = Written()
+        try:
+            if isinstance(plan, WindowPlan):
+                self._write(plan, window_ids(plan, own), progress, written)
             else:
-                if manifest is not None:
-                    yield manifest
+                progress.rejected += len(plan.letters)
+            write_cumulative(self._config, progress, self._letters_of(plan), written)
+        except Exception as err:
+            progress.failed = (
+                f"{type(err).__name__}: {JobStopped.message_in(err) or err}".splitlines()[0]
+            )
+            logging.error("%s: the stream stops: %s", plan.name, progress.failed)
+            fail(err)
+            if written.manifest is not None:  # swapped in: exported, whatever failed after
+                yield written.manifest
+                if written.letters:
+                    self._letter(progress, "", [], 0, "")
+                    return
+                # Its letters did not go with it: they go the letters' way.
+                unsettled = plan.read - written.manifest["records"]["exported"]
+                progress.rejected -= unsettled
+                cause = f"{plan.name}'s letters were not published with it ({progress.failed})"
+                letters = plan.requests.held
+                self._letter(progress, f"letters-of-{plan.name}", letters, unsettled, cause)
                 return
-        self._unpublished(plan, progress)
+            if isinstance(plan, LettersPlan) and written.letters:
+                self._letter(progress, "", [], 0, "")  # its letters stand: counted as they are
+                return
+            progress.windows, progress.published_ms, progress.origin_ms = before
+            progress.rows, progress.rejected, progress.next_id = counts
+            self._unpublished(plan, progress)
+            return
+        if written.manifest is not None:
+            yield written.manifest
 
     @staticmethod
     def _letters_of(plan: WindowPlan | LettersPlan) -> tuple[str, list[DeadLetter]] | None:
         """A letters run's (name, letters) published with cumulative.json; a window's go with it."""
         return None if isinstance(plan, WindowPlan) else (plan.name, plan.letters)
-
-    def _published(self, plan: LettersPlan) -> str:
-        """Where a letters run's letters stand once published."""
-        run = self._config.run_name(plan.name)
-        return storage.join(self._config.job.dead_letter, f"rejected-{run}.jsonl")
 
     def _unpublished(self, plan: WindowPlan | LettersPlan, progress: Progress) -> None:
         """A plan not published (the writer failed on it or on one before it: no later window
@@ -697,54 +711,78 @@ class WriteWindows(beam.DoFn):
         a window's requests' (text-free: their times from the zero and lengths) with the cause.
         They go with the run counts, not cumulative.json: no window is added, so the totals
         stand as they are, and a writer that cannot write those still letters what it read."""
+        cause = f"{plan.name} was not published ({progress.failed})"
         if isinstance(plan, LettersPlan):
-            letters, read, name = plan.letters, len(plan.letters), plan.name
-        else:
-            lost = [
-                DeadLetter(
-                    shown_name(self._config.source),
-                    row_identity(row),
-                    UNPUBLISHED_WINDOW,
-                    f"{plan.name} was not published: {progress.failed}",
-                )
-                for row in plan.requests.whole.requests
-            ]
-            letters, read, name = plan.requests.held + lost, plan.read, f"unpublished-{plan.name}"
+            self._letter(progress, plan.name, plan.letters, len(plan.letters), cause)
+            return
+        lost = [
+            DeadLetter(
+                shown_name(self._config.source),
+                row_identity(row),
+                UNPUBLISHED_WINDOW,
+                f"{plan.name} was not published: {progress.failed}",
+            )
+            for row in plan.requests.whole.requests
+        ]
+        held = plan.requests.held
+        self._letter(progress, f"unpublished-{plan.name}", held + lost, plan.read, cause)
+
+    def _letter(
+        self, progress: Progress, run: str, letters: list[DeadLetter], read: int, cause: str
+    ) -> None:
+        """letters (of read records, not published where they were planned: cause) published
+        as the run `run` with the run counts that count them (write_letters); the run counts
+        alone when there are none."""
         progress.rejected += read
         try:
-            write_letters(self._config, progress, (name, letters))
-        except (JobStopped, OutputRefused, OSError) as err:
-            # The letters cannot be written either (a full disk): nothing lost silently, the
-            # stream stops with one line counting the records neither published nor lettered.
+            if letters:
+                write_letters(self._config, progress, (run, letters))
+            else:
+                _replace(self._config.run_counts(), run_counts_json(progress), private=True)
+        except Exception as err:
+            unwritten = f"{type(err).__name__}: {JobStopped.message_in(err) or err}"
+            unwritten = unwritten.splitlines()[0]
             progress.rejected -= read
+            if not read:  # the stream stops on its first failure already
+                logging.error("the run counts could not be written: %s", unwritten)
+                return
+            # The letters cannot be written either (a full disk): nothing lost silently, the
+            # stream stops with one line counting the records neither published nor lettered,
+            # and the run counts count only what was written, if they can be written.
             progress.unwritten += read
-            cause = f"{type(err).__name__}: {JobStopped.message_in(err) or err}".splitlines()[0]
             line = (
                 f"{progress.unwritten} records read were neither published nor lettered: "
-                f"{plan.name} was not published ({progress.failed}) and its letters could not "
-                f"be written ({cause})"
+                f"{cause} and its letters could not be written ({unwritten})"
             )
             logging.error("%s", line)
             fail(JobStopped(line), supersede=True)
+            with suppress(Exception):
+                _replace(self._config.run_counts(), run_counts_json(progress), private=True)
 
-    def _write(self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress) -> dict:
-        """One window as a night of the batch job, its ids continuing the stream's, its
-        manifest, counted. Whole in one attempt: a retried or restored one starts again from
-        nothing."""
-        manifest = self._publish_window(plan, numbered, progress)
-        for kind, ids in numbered.items():
-            progress.next_id[kind] += ids.added_count
-        exported = manifest["records"]["exported"]
-        progress.rows += exported
-        self._windows.inc()
-        self._rows.inc(exported)
-        progress.rejected += plan.read - exported  # each exported or a letter
-        return manifest
+    def _write(
+        self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress, written: Written
+    ) -> None:
+        """One window as a night of the batch job, its ids continuing the stream's, counted
+        once it stands (written.manifest), whatever fails after. Whole in one attempt: a
+        retried or restored one starts again from nothing."""
+        try:
+            self._publish_window(plan, numbered, progress, written)
+        finally:
+            if written.manifest is not None:
+                for kind, ids in numbered.items():
+                    progress.next_id[kind] += ids.added_count
+                exported = written.manifest["records"]["exported"]
+                progress.rows += exported
+                self._windows.inc()
+                self._rows.inc(exported)
+                progress.rejected += plan.read - exported  # each exported or a letter
 
     def _publish_window(
-        self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress
-    ) -> dict:
-        """The window's folder and letters published, whole, or nothing of them."""
+        self, plan: WindowPlan, numbered: dict[str, KindIds], progress: Progress, written: Written
+    ) -> None:
+        """The window's folder and letters published, whole, or nothing of them; written says
+        which stand: the window once publish_night swapped it in, its letters once their
+        settle reports their file renamed in."""
         job = self._config.job
         output = storage.join(job.output, plan.name)
         claim_window(job.output, plan.name)
@@ -770,13 +808,32 @@ class WriteWindows(beam.DoFn):
             storage.remove_folder(block_hashes_staging(night.block_hashes, night.staging))
         make_staging(night.staging)
         rejected.begin(night.staging)
-        published = False
         try:
-            manifest = publish_night(night, plan.requests, numbered, dict(progress.next_id))
-            published = True
-        finally:
-            rejected.settle(published)  # with the window, or gone with the attempt
-        return manifest
+            written.manifest = publish_night(night, plan.requests, numbered, dict(progress.next_id))
+        except Exception:
+            _remove_partial(output)
+            raise
+        finally:  # with the window, or gone with the attempt
+            settled = _settle_or_drop(rejected, written.manifest is not None)
+        written.letters = rejected.published in settled
+
+
+def _remove_partial(output: str) -> None:
+    """What a failed publish copied of a window into an object store (one object at a time,
+    its manifest last: publish._publish_remote) removed, unless a manifest stands there (a
+    whole window, as an earlier attempt published it); a local window is swapped in whole."""
+    if storage.is_url(output) and not storage.exists(storage.join(output, MANIFEST)):
+        with suppress(OSError):  # the failure stays the publish's; a copy left has no manifest
+            storage.remove_folder(output)
+
+
+@dataclasses.dataclass
+class Written:
+    """What a plan's write made true, as each step reports it once it did: the failure handler
+    decides from this what stands, never from which call raised nor from a name existing."""
+
+    manifest: dict | None = None  # the window's, once publish_night swapped it in
+    letters: bool = False  # the plan's letters renamed in (DeadLetterRun.settle reported it)
 
 
 def claim_window(folder: str, name: str) -> None:
@@ -784,7 +841,8 @@ def claim_window(folder: str, name: str) -> None:
     standing at a window's name is replaced only where the stream claimed that name already
     (an attempt at the window, retried or restored, after the claim), never one it did not
     write (made there around the mark, or before it): a one-line stop, nothing replaced."""
-    if storage.is_url(folder):  # unmarked (make_stream_folder): nothing tells its windows
+    if storage.is_url(folder):  # its mark claims no window: it only tells the folder's
+        mark_stream_object(folder)  # writer, again before each window (a restored job's too)
         return
     claimed = window_index(claimed_by(folder, STREAM_WRITER))
     place = storage.join(folder, name)
@@ -834,25 +892,32 @@ def stream_run_counts(progress: Progress) -> dict[str, int]:
     }
 
 
+def run_counts_json(progress: Progress) -> bytes:
+    return canonical_json(stream_run_counts(progress))
+
+
 def write_cumulative(
-    config: StreamingConfig, progress: Progress, letters: tuple[str, list[DeadLetter]] | None = None
+    config: StreamingConfig,
+    progress: Progress,
+    letters: tuple[str, list[DeadLetter]] | None = None,
+    written: Written | None = None,
 ) -> None:
     """The stream so far, beside the windows (replaced whole after each window), and its own
     counts beside its dead letters (RUN_COUNTS, owner-only, as a batch run's); letters (a run's
     name, its dead letters) are published with it, as a window's are with the window, so the
-    letters published are the ones the run counts count."""
+    letters published are the ones the run counts count (written.letters once they are)."""
     output = storage.join(config.job.output, STREAM_TOTALS)
     temporary = storage.join(config.job.output, f".{STREAM_TOTALS}.tmp")
     with storage.create(temporary) as handle:
         handle.write(canonical_json(cumulative_summary(config, progress)))
     if letters is None:
         storage.rename(temporary, output)
-    else:
-        _rename_with_letters(config, temporary, output, letters)
+    elif _rename_with_letters(config, temporary, output, letters) and written is not None:
+        written.letters = True
     # The folder's times, as a night folder's: derived from its content, never the clock's.
     set_content_times(config.job.output)
     # Last: once it counts a record, the window or letters holding it are published.
-    _replace(config.run_counts(), canonical_json(stream_run_counts(progress)), private=True)
+    _replace(config.run_counts(), run_counts_json(progress), private=True)
 
 
 def write_letters(
@@ -865,22 +930,50 @@ def write_letters(
     folder, name = path.rsplit("/", 1)
     temporary = storage.join(folder, f".{name}.tmp")
     with storage.create(temporary, private=True) as handle:
-        handle.write(canonical_json(stream_run_counts(progress)))
+        handle.write(run_counts_json(progress))
     _rename_with_letters(config, temporary, path, letters)
 
 
 def _rename_with_letters(
     config: StreamingConfig, temporary: str, path: str, letters: tuple[str, list[DeadLetter]]
-) -> None:
+) -> bool:
     """temporary renamed to path with letters (a run's name, its dead letters) published by the
-    same step (DeadLetterRun): the letters published are the ones the file counts."""
+    same step (DeadLetterRun): the letters published are the ones the file counts. Whether the
+    run's letters file was renamed in, as the settle reports it; should a step fail, the
+    letters not published are dropped (_drop)."""
     run_name, dead_letters = letters
     rejected = DeadLetterRun(config.job.dead_letter, path, config.run_name(run_name))
     storage.remove_folder(rejected.staging)  # an attempt killed mid-way: not part of this one
     rejected.begin(temporary)  # the rename keeps the file's identity
-    write_dead_letters(rejected.staging, dead_letters)
-    storage.rename(temporary, path)
-    rejected.settle(run_succeeded=True)
+    try:
+        write_dead_letters(rejected.staging, dead_letters)
+        storage.rename(temporary, path)
+    except Exception:
+        _drop(rejected)
+        raise
+    return rejected.published in _settle_or_drop(rejected, run_succeeded=True)
+
+
+def _settle_or_drop(rejected: DeadLetterRun, run_succeeded: bool) -> list[str]:
+    """rejected.settle's files published; should it fail, the letters it did not publish are
+    dropped (_drop): the writer letters them another way."""
+    try:
+        return rejected.settle(run_succeeded)
+    except Exception:
+        _drop(rejected)
+        raise
+
+
+def _drop(rejected: DeadLetterRun) -> None:
+    """A stream's letters run that failed, its staged letters removed and then its pointer
+    (beside the staged file or folder: in the published folder for cumulative.json's), which
+    names the private dead-letter folder: no run of the stream settles them later, the writer
+    letters them another way or counts them unlettered (WriteWindows._letter)."""
+    storage.remove_folder(rejected.staging)
+    if rejected.pointer is not None:  # last: it tells of the letters until they are gone
+        with suppress(FileNotFoundError):
+            os.remove(rejected.pointer)
+        storage.forget_on_exit(rejected.pointer)
 
 
 def _replace(path: str, content: bytes, private: bool) -> None:
@@ -892,13 +985,15 @@ def _replace(path: str, content: bytes, private: bool) -> None:
     storage.rename(temporary, path)
 
 
-def check_new_stream(output: str, dead_letter: str) -> None:
+def check_new_stream(output: str, dead_letter: str, block_hashes: str | None = None) -> None:
     """A stream starts in a new or empty --output: its ids live in its runner's state, so a
     second stream into a stream's folder would number from 0 again beside the first one's
     windows (a restarted job restores its state and goes on; it is not launched again), and
-    its windows beside a night's would read as one trace. Its letters and run counts are named
-    by its output (StreamingConfig.key), so only an earlier stream of this same output (its
-    folder since emptied) could have left files the new one would replace."""
+    its windows beside a night's would read as one trace. Its files in folders streams share
+    are named by its output (StreamingConfig.key): its letters and run counts, its windows'
+    block hashes (FOLDER/KEY-window-*/), so only an earlier stream of this same output (its
+    folder since emptied) could have left files the new one would replace: every folder the
+    key names is checked, in one list."""
     if storage.exists(storage.join(output, STREAM_TOTALS)):
         raise ConfigError(
             f"--output {output} holds a stream already (cumulative.json): its ids "
@@ -912,12 +1007,28 @@ def check_new_stream(output: str, dead_letter: str) -> None:
     if not storage.is_url(output) and not os.path.isdir(parent):
         return  # a new place: no stream of it has written anything
     key = output_key(output)  # StreamingConfig.stream_key's: every file it names bears it
-    if any(key in name for name in storage.files_in(dead_letter)):
-        raise ConfigError(
-            f"--dead-letter {dead_letter} holds the letters of an earlier stream of "
-            f"--output {output} (named by it, as a new stream's would be); a new stream "
-            "needs a new --output or its own --dead-letter"
-        )
+    keyed = [
+        ("--dead-letter", dead_letter, "letters"),
+        ("--emit-block-hashes", block_hashes, "block hashes"),
+    ]
+    for flag, folder, what in keyed:
+        if folder and any(key in name for name in _names_at_top(folder)):
+            raise ConfigError(
+                f"{flag} {folder} holds the {what} of an earlier stream of --output {output} "
+                f"(named by it, as a new stream's would be); a new stream needs a new "
+                f"--output or its own {flag}"
+            )
+
+
+def _names_at_top(folder: str) -> set[str]:
+    """The names a folder holds at its top, files and folders (an object store's: its
+    objects' first names); none when it does not exist."""
+    if storage.is_url(folder):
+        return {name.split("/", 1)[0] for name in storage.files_in(folder, nested=True)}
+    try:
+        return set(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
 
 
 def _holds_anything(folder: str) -> bool:
@@ -942,7 +1053,7 @@ def run_streaming(config: StreamingConfig, flags: list[str]) -> Stopped | None:
     the local DirectRunner a stop drains it (stream_drain), said in what this returns."""
     options = pipeline_options(flags)
     options.view_as(StandardOptions).streaming = True
-    check_new_stream(config.job.output, config.job.dead_letter)
+    check_new_stream(config.job.output, config.job.dead_letter, config.job.block_hashes)
     make_stream_folder(config.job.output)
     config = dataclasses.replace(config, key=config.stream_key())
     local = not is_remote(options) and PUBSUB.fullmatch(config.source)
@@ -972,12 +1083,14 @@ def make_stream_folder(output: str) -> None:
     publish gives a night's folder, the one the gate passes) and, like a night's staging folder,
     inherits nothing of its parent (storage.inherit_nothing); an existing one is the user's,
     never changed but for the mark below, only refused in one line if it would pass on what the gate refuses
-    (check_inherited, as storage.unfit_for_private_files refuses and never changes). A local
-    one is marked as the stream's output (publish.mark_output), so no other command writes in
-    it; an object store's stays unmarked (an object there would be published with the
-    windows, and the gate passes only windows and cumulative.json)."""
+    (check_inherited, as storage.unfit_for_private_files refuses and never changes). It is
+    marked as the stream's output (publish.mark_output), so no other command writes in it, on
+    every file system: a local one by its extended attribute, an object store's by the
+    mark's object (publish.mark_stream_object, the bytes the gate keeps), before its first
+    window too."""
     made = storage.make_folder(output)
     if storage.is_url(output):
+        mark_stream_object(output)
         return
     if made:
         storage.inherit_nothing(output, storage.PUBLIC_FOLDER)

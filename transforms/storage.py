@@ -73,9 +73,101 @@ def place(path: str, follow: bool = False, resolved: dict[str, str] | None = Non
 
 
 def _beam() -> Any:
+    """Beam's filesystems behind storage's one error boundary (_Bounded)."""
     from apache_beam.io.filesystems import FileSystems
 
-    return FileSystems
+    return _Bounded(FileSystems)
+
+
+@contextmanager
+def _as_os_error() -> Iterator[None]:
+    """Any error of Beam's filesystems raised as an OSError: each store raises its own (S3's
+    S3ClientError for a refused upload, GCS's API errors), which no caller could list, and
+    every caller handles a refusal of a store as it handles a local file system's."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as err:
+        raise OSError(f"{type(err).__name__}: {err}".splitlines()[0]) from err
+
+
+class _Bounded:
+    """Beam's FileSystems, each call under _as_os_error; a file one opens is a _BoundedFile."""
+
+    def __init__(self, filesystems: Any) -> None:
+        self._filesystems = filesystems
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        call = getattr(self._filesystems, name)
+
+        def bounded(*args: Any, **kwargs: Any) -> Any:
+            with _as_os_error():
+                result = call(*args, **kwargs)
+            return _BoundedFile(result) if isinstance(result, io.IOBase) else result
+
+        return bounded
+
+
+class _BoundedFile(io.BufferedIOBase):
+    """A file Beam's filesystems opened, its reads, writes and close under _as_os_error (an
+    object store uploads on write and close, downloads on read)."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+        self._closing = False  # its close, even a failed one, ends it: no flush after
+
+    def readable(self) -> bool:
+        return self._file.readable()
+
+    def writable(self) -> bool:
+        return self._file.writable()
+
+    def seekable(self) -> bool:
+        return self._file.seekable()
+
+    def read(self, size: int | None = -1) -> bytes:
+        with _as_os_error():
+            return self._file.read(size)
+
+    def read1(self, size: int = -1) -> bytes:
+        with _as_os_error():
+            return self._file.read1(size)
+
+    def readinto(self, buffer: Any) -> int:
+        with _as_os_error():
+            return self._file.readinto(buffer)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        with _as_os_error():
+            return self._file.readline(size)
+
+    def write(self, data: Any) -> int:
+        with _as_os_error():
+            return self._file.write(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        with _as_os_error():
+            return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        with _as_os_error():
+            return self._file.tell()
+
+    def flush(self) -> None:
+        if not self._closing:
+            with _as_os_error():
+                self._file.flush()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._closing = True
+        try:
+            with _as_os_error():
+                self._file.close()
+        finally:
+            super().close()
 
 
 def join(directory: str, *names: str) -> str:

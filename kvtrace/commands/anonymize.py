@@ -634,11 +634,12 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     output = folded(options["output"])
     dead_letter = folded(options.get("dead_letter") or f"{output}-rejected")
     hashes = options.get("emit_block_hashes")
+    hashes_folder = "" if hashes is None else folded(hashes or f"{output}-block-hashes")
     stream = _stream_source(options)
     if stream:  # first: a stream's folder is refused for what it holds, not as foreign files
         from kvtrace.pipelines.anonymize_streaming import check_new_stream
 
-        check_new_stream(output, dead_letter)
+        check_new_stream(output, dead_letter, hashes_folder)
     # `-` is standard input wherever the input list came from (flags or a --config file); it is
     # read only once every check that needs none of it has passed (_with_inputs).
     files = [] if stream else expand_inputs([p for p in options["input"] if p != STANDARD_INPUT])
@@ -658,12 +659,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             Location("--dead-letter", dead_letter, FOLDER, private=True),
             Location("--id-map", options.get("id_map") or "", FOLDER, private=True),
             Location("--id-map-marks", marks, FOLDER, private=True),
-            Location(
-                "--emit-block-hashes",
-                "" if hashes is None else folded(hashes or f"{output}-block-hashes"),
-                FOLDER,
-                private=True,
-            ),
+            Location("--emit-block-hashes", hashes_folder, FOLDER, private=True),
         ],
     )
     # Loaded here first, to fail clearly rather than on workers; pinned, so that a worker loading

@@ -106,7 +106,14 @@ from kvtrace.transforms.write.manifest import (
     public_tokenizer,
     replay_contract,
 )
-from kvtrace.transforms.write.publish import OUTPUT_MARK, is_stream_mark, sha256_of
+from kvtrace.transforms.write.publish import (
+    MAX_MARK_BYTES,
+    OUTPUT_MARK,
+    OUTPUT_MARK_OBJECT,
+    is_stream_mark,
+    is_stream_mark_object,
+    sha256_of,
+)
 from kvtrace.transforms.write.replayers import replay_commands
 from kvtrace.transforms.write.rows import published_room
 from kvtrace.transforms.write.shards import cuts_unlike_plan
@@ -318,7 +325,8 @@ def _audit_stream(folder: str, names: list[str], given: Given) -> dict:
         folder, "the stream's folder", gate, frozenset({OUTPUT_MARK} if marked else ())
     )
     gate.stat[""] = os.stat(folder)
-    for name in sorted(set(names) - set(windows) - {STREAM_TOTALS}):
+    kept = _stream_mark_object(folder, names, gate)
+    for name in sorted(set(names) - set(windows) - {STREAM_TOTALS} - kept):
         gate.flag(f"not a window of the stream: {name}")
     if [window_index(n) for n in windows] != list(range(len(windows))):
         gate.flag(f"the windows are not the stream's, numbered from 0 in order: {windows[:5]}")
@@ -451,6 +459,21 @@ def _chain_across_windows(chains: _Rows, rows: _Rows) -> None:
     chains.output_links += rows.output_links
     if sum(len(p[0]) for p in chains.pending) >= max(MERGE_AT_LEAST, len(chains.merged[0])):
         chains._merge()
+
+
+def _stream_mark_object(folder: str, names: list[str], gate: _Gate) -> set[str]:
+    """The mark an object store's stream folder carries as an object (a copy of that folder
+    holds it as a file): kept, its metadata checked as every published file's, only when its
+    bytes are exactly the stream's (publish.is_stream_mark_object); else nothing kept."""
+    if OUTPUT_MARK_OBJECT not in names:
+        return set()
+    data = _read(folder, OUTPUT_MARK_OBJECT, MAX_MARK_BYTES, gate)
+    if data is None or not is_stream_mark_object(data):
+        return set()
+    path = os.path.join(folder, OUTPUT_MARK_OBJECT)
+    gate.stat[OUTPUT_MARK_OBJECT] = os.lstat(path)
+    _check_attributes(path, OUTPUT_MARK_OBJECT, gate)
+    return {OUTPUT_MARK_OBJECT}
 
 
 def _stream_totals(folder: str, gate: _Gate) -> dict | None:

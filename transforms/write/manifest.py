@@ -328,9 +328,14 @@ def content_time(sha256_hex: str) -> int:
 
 
 def folder_content_time(file_sha256: dict[str, str]) -> int:
-    """The mtime of a published folder: its files' names and digests, in name order."""
-    listing = "".join(f"{name}\0{digest}\n" for name, digest in sorted(file_sha256.items()))
-    return content_time(hashlib.sha256(listing.encode()).hexdigest())
+    """The mtime of a published folder: its files' names and digests, in name order. Names
+    are taken as the bytes they are (os.fsencode: a name not UTF-8 is a name like any other,
+    never an error); a UTF-8 name's bytes are its text's."""
+    listing = b"".join(
+        os.fsencode(name) + b"\0" + digest.encode() + b"\n"
+        for name, digest in sorted(file_sha256.items(), key=lambda item: os.fsencode(item[0]))
+    )
+    return content_time(hashlib.sha256(listing).hexdigest())
 
 
 def set_content_time(path: str) -> str:

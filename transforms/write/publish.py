@@ -586,6 +586,19 @@ def is_stream_mark(folder: str, windows: int) -> bool:
     return raw in [*written, _mark_bytes(STREAM_WRITER, _names(folder))]
 
 
+def mark_stream_object(folder: str) -> None:
+    """An object store's stream folder marked as the stream's output (folder_writer names
+    it): the mark's object, naming its writer and listing nothing, the same bytes whatever the
+    folder holds (an object store's stream claims no window in it), so it holds no free bit."""
+    with storage.create(storage.join(folder, OUTPUT_MARK_OBJECT)) as handle:
+        handle.write(_mark_bytes(STREAM_WRITER, []))
+
+
+def is_stream_mark_object(data: bytes) -> bool:
+    """Whether bytes are the mark mark_stream_object writes (compared, never parsed)."""
+    return data == _mark_bytes(STREAM_WRITER, [])
+
+
 def _marked(folder: str) -> tuple[str, list[str]]:
     """The command a folder's output mark names and the files it lists, its own object
     included (none: no mark that parses)."""

@@ -45,3 +45,15 @@ def test_the_mark_a_restarted_stream_gives_its_folder_passes(stream):
     assert FOREIGN not in audit.audit(str(stream), "x")["flags"]
     os.setxattr(stream, OUTPUT_MARK, b"[" * 4000)  # not kvtrace's: flagged, never an error
     assert FOREIGN in audit.audit(str(stream), "x")["flags"]
+
+
+def test_an_object_stores_stream_mark_passes_only_as_the_stream_writes_it(stream):
+    """A copy of an object store's stream folder holds its mark as a file
+    (publish.mark_stream_object): kept with exactly its bytes, any other is not the stream's."""
+    from kvtrace.transforms.write.publish import OUTPUT_MARK_OBJECT, mark_stream_object
+
+    mark_stream_object(str(stream))
+    other = f"not a window of the stream: {OUTPUT_MARK_OBJECT}"
+    assert other not in audit.audit(str(stream), "x")["flags"]
+    (stream / OUTPUT_MARK_OBJECT).write_bytes(b'{"files": [], "writer": "anonymize"}')
+    assert other in audit.audit(str(stream), "x")["flags"]

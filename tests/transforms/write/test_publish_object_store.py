@@ -138,3 +138,17 @@ def test_a_folder_named_with_a_glob_character_is_itself_not_its_look_alikes(stor
         _publish(output, text)
     assert (store / "bucket" / "out[1]" / "analysis.txt").read_text() == "2"
     assert (store / "bucket" / "out1" / "analysis.txt").read_text() == "a neighbour's"
+
+
+def test_a_streams_folder_is_marked_by_an_object_a_place_inside_it_is_refused(store):
+    """An object store's stream folder is a command's output (mark_stream_object), its mark
+    the same bytes whatever it holds (is_stream_mark_object): a night inside it is refused."""
+    output = f"{SCHEME}bucket/live"
+    publish.mark_stream_object(output)
+    assert publish.folder_writer(output) == publish.STREAM_WRITER
+    mark = (store / "bucket" / "live" / publish.OUTPUT_MARK_OBJECT).read_bytes()
+    assert publish.is_stream_mark_object(mark)
+    assert not publish.is_stream_mark_object(mark.replace(b"[]", b'["a"]'))
+    night = publish.Location("--output", f"{output}/window-000000", publish.FOLDER, "anonymize")
+    with pytest.raises(OutputRefused, match="lies inside .* anonymize --streaming"):
+        publish.plan_locations([], [night])
