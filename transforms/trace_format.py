@@ -54,11 +54,16 @@ RESPONSE_FIELD = "response_ms"
 NO_RESPONSE_MS = -1  # in columns: the log did not say when the response ended
 NO_SESSION = -1  # in columns: the request had no session
 # With --emit-parents: the row number (0-based, across the trace's shards in file order) of the
-# request this one continues or was spawned by, where the logs linked them (a Responses
-# `previous_response_id`, a tool result's call id: read/links.py). Only a row number that
-# precedes the row: structure, never an id string (docs/PRIVACY.md).
+# request this one continues, where the logs linked them (a tool result's call id:
+# read/links.py). Only a row number that precedes the row: structure, never an id string
+# (docs/PRIVACY.md).
 PARENT_FIELD = "parent_row"
 NO_PARENT = -1  # in columns: no earlier row of the trace is the request's parent
+# A parent's scope, the writer's and the gate's: an earlier row of the row's own session, and
+# none for a row of no session. The writer keys the link a request continues within its session
+# (encode/hashed_batch.link_key); the audit refuses any other parent (a link between two
+# conversations no log made, or a free choice among the rows before it).
+PARENT_SCOPE = SESSION_FIELD
 ROW_FIELDS = (TIMESTAMP_FIELD, INPUT_LENGTH_FIELD, OUTPUT_LENGTH_FIELD, HASH_IDS_FIELD)
 # in some traces or rows only
 OPTIONAL_FIELDS = (OUTPUT_IDS_FIELD, RESPONSE_FIELD, SESSION_FIELD, PARENT_FIELD)
@@ -599,6 +604,15 @@ CAPTURE_FIELD = "engine_capture"
 # requests never share that block's id, where text would for equal tails).
 CAPTURE_LAST_BLOCKS = {"dynamo-request-trace": "engine", "lmcache-lookup-hashes": "own_request"}
 CAPTURE_FORMATS = tuple(CAPTURE_LAST_BLOCKS)
+# The row fields each capture format gives (closed: the reader builds a capture's row from it,
+# read/captures.capture_fields, and the audit holds a capture night's rows to it): a field a
+# format logs none of is published as none, an output length as 0 (counted as defaulted).
+# No capture logs links, so none gives PARENT_FIELD.
+CAPTURED_FIELDS = (OUTPUT_LENGTH_FIELD, SESSION_FIELD, RESPONSE_FIELD, PARENT_FIELD)
+CAPTURE_ROW_FIELDS: dict[str, frozenset[str]] = {
+    "dynamo-request-trace": frozenset({OUTPUT_LENGTH_FIELD, SESSION_FIELD, RESPONSE_FIELD}),
+    "lmcache-lookup-hashes": frozenset(),
+}
 
 
 def capture_manifest(capture: str) -> dict[str, str]:

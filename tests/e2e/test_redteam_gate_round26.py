@@ -65,7 +65,6 @@ def _republished(night: Path, folder: Path, columns: TraceColumns) -> Path:
     return folder
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_nights_rows_further_apart_than_the_batch_rule_keeps_are_refused(night, tmp_path):
     """kvtrace publishes no night with two rows further apart than the batch rule keeps (days
     over MAX_GAP_DAYS, 7, apart: read/timestamps.widest_kept_gap_ms, 8 days less 1 ms): the
@@ -89,7 +88,6 @@ def test_a_nights_rows_further_apart_than_the_batch_rule_keeps_are_refused(night
         assert "NOT publishable" in audited.stdout, name
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_parent_row_outside_its_rows_session_is_refused(tiny_tokenizer, tmp_path):
     """kvtrace links a row to a parent only within its session: the one link a row continues is
     a tool call's, keyed within the request's conversation, and a request of no session
@@ -119,7 +117,6 @@ def test_a_parent_row_outside_its_rows_session_is_refused(tiny_tokenizer, tmp_pa
     assert audited.returncode == 1, audited.stdout[-400:]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_capture_nights_rows_hold_only_the_fields_its_format_gives(tiny_tokenizer, tmp_path):
     """A night of engine captures publishes what its capture format logs (docs/CAPTURES.md):
     LMCache's lookup hash log gives no output length (0, counted as defaulted), no session, no
@@ -157,3 +154,28 @@ def test_a_capture_nights_rows_hold_only_the_fields_its_format_gives(tiny_tokeni
     folder = _republished(night, tmp_path / "out", chosen)
     audited = kvtrace_child("audit", str(folder), *lmcache)
     assert audited.returncode == 1, audited.stdout[-400:]
+
+
+@pytest.mark.parametrize("granule", [1, 1000, 3_600_000, DAY_MS])
+def test_a_night_of_the_widest_gap_the_batch_rule_keeps_stays_publishable(
+    tiny_tokenizer, tmp_path, granule
+):
+    """The gate's gap rule is the reader's (read/timestamps.widest_kept_gap_ms at the manifest's
+    granule): requests on days 7 apart, the first at its day's start and the next at its day's
+    end (8 days less 1 ms), published at any granularity from 1 ms to a day, pass; one a
+    further 8 days on is the reader's dead letter, never a published row."""
+    base = 1_764_288_000_000  # a UTC midnight
+    times = [base, base, base + 8 * DAY_MS - 1, base + 8 * DAY_MS - 1, base + 16 * DAY_MS]
+    log = write_jsonl(tmp_path / "night.jsonl", [chat(i, t, "s") for i, t in enumerate(times)])
+    made = kvtrace_child(
+        "anonymize", "--input", str(log), "--output", str(tmp_path / "out"),
+        "--tokenizer", tiny_tokenizer, "--block-size", "4", "--quiet",
+        "--timestamp-granularity-ms", str(granule), "--max-rejected-fraction", "0.5",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    published = columns_of_jsonl((tmp_path / "out" / f"{SHARD}.jsonl").read_bytes()).timestamp
+    assert len(published) == 4 and int(np.diff(published).max()) >= 8 * DAY_MS - granule
+    audited = kvtrace_child(
+        "audit", str(tmp_path / "out"), "--timestamp-granularity-ms", str(granule)
+    )
+    assert audited.returncode == 0, audited.stdout[-400:]

@@ -78,7 +78,7 @@ def test_a_stream_resumed_after_a_quiet_week_is_passed_by_its_own_audit(
     (2 requests), went quiet 9 days (a holiday) and resumed with more requests than it had
     published publishes them (docs/STREAMING.md, Clock resets: a window off the clock is
     published once its requests are no longer fewer than the bulk), 9 days after its first
-    window's rows; round 23's audit (_check_stream_gap) refuses every stream whose rows lie 8
+    window's rows; round 23's audit (now _Rows._check_gaps) refuses every stream whose rows lie 8
     days or more apart, so this stream, and every window it adds, is never publishable. Fixed
     when the stream and its gate agree: it publishes no row its gate refuses (letters them, or
     ends the stream), or the gate passes what it publishes."""

@@ -149,8 +149,8 @@ def test_a_stream_publishes_no_gap_its_audit_refuses(days, split):
     """However the stream's input splits between what it published (a run of days, as the rule
     lets out) and what waits: with nothing published a waiting request is kept exactly when the
     batch job, judging the whole input, keeps it; after, the published rows and the kept lie in
-    one run, no gap over MAX_GAP_DAYS (the audit's _check_stream_gap), and a request in that run
-    is never a letter."""
+    one run, no gap over MAX_GAP_DAYS (the audit's gap rule, _Rows._check_gaps), and a request
+    in that run is never a letter."""
     timestamps = [day + n for n, day in enumerate(days)]
     published, waiting = timestamps[:split], timestamps[split:]
     if published:  # as the stream publishes them: one run of days
@@ -724,7 +724,7 @@ def test_a_stream_resumed_past_the_rules_gap_letters_what_its_audit_would_refuse
 ):
     """Published rows anchor the stream: requests 9 days after them (a holiday over the batch
     rule's gap), however many, are `implausible_timestamp` letters, said once with the remedy,
-    and the stream's folder stays publishable (the audit's _check_stream_gap)."""
+    and the stream's folder stays publishable (the audit's gap rule, _Rows._check_gaps)."""
     from apache_beam.testing.test_stream import TestStream
 
     from kvtrace.transforms.stats import audit as gate

@@ -88,7 +88,13 @@ def link_keys(
 ) -> tuple[int, bytes]:
     """(the key of the link a request continues, NO_LINK for none or none keyed; the keys of
     the links naming it, LINK_SIZE bytes each): HashedRequest.parent_key and link_keys."""
-    parent = None if continues is None else link_key(session, continues, seed)
+    # A row's parent is a row of its own session (trace_format.PARENT_SCOPE, which the audit
+    # holds every parent to): only a link keyed within the session is continued.
+    parent = (
+        link_key(session, continues, seed)
+        if continues is not None and in_conversation(continues)
+        else None
+    )
     keys = (link_key(session, name, seed) for name in names)
     named = b"".join(key.to_bytes(LINK_SIZE, "little") for key in keys if key is not None)
     return NO_LINK if parent is None else parent, named

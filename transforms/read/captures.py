@@ -28,7 +28,14 @@ from typing import Any
 
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.timestamps import timestamp_ms
-from kvtrace.transforms.trace_format import CAPTURE_FORMATS, MAX_OUTPUT_LENGTH
+from kvtrace.transforms.trace_format import (
+    CAPTURE_FORMATS,
+    CAPTURE_ROW_FIELDS,
+    MAX_OUTPUT_LENGTH,
+    OUTPUT_LENGTH_FIELD,
+    RESPONSE_FIELD,
+    SESSION_FIELD,
+)
 
 DYNAMO, LMCACHE = CAPTURE_FORMATS
 DYNAMO_REQUEST_TRACE = "dynamo.request.trace.v1"
@@ -109,7 +116,26 @@ def capture_fields(record: dict[str, Any], capture: str | None) -> dict[str, Any
         )
     if _format_of(record) != capture:
         raise Rejected("not_a_capture", f"not a record of the --capture {capture} format")
-    return _READERS[capture](record)
+    return _as_its_format_gives(capture, _READERS[capture](record))
+
+
+# The Request field each capturable row field is read into (trace_format.CAPTURED_FIELDS but the
+# parent: a capture carries no links, so no capture row continues one).
+_REQUEST_FIELDS = {
+    OUTPUT_LENGTH_FIELD: "output_length",
+    SESSION_FIELD: "session",
+    RESPONSE_FIELD: "response_ms",
+}
+
+
+def _as_its_format_gives(capture: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A reader's fields, each row field its format does not give (trace_format.
+    CAPTURE_ROW_FIELDS, the table the audit holds the night's rows to) none, whatever the
+    record holds; an output length not given is defaulted."""
+    given = CAPTURE_ROW_FIELDS[capture]
+    held = {**fields, **{key: None for name, key in _REQUEST_FIELDS.items() if name not in given}}
+    held["defaulted"] = ("output_length",) if held["output_length"] is None else ()
+    return held
 
 
 def _dynamo(record: dict[str, Any]) -> dict[str, Any]:
@@ -135,7 +161,6 @@ def _dynamo(record: dict[str, Any]) -> dict[str, Any]:
         "output_length": output_length,
         "session": _session(record.get("agent_context")),
         "response_ms": _response_ms(record.get("event_time_unix_ms"), received),
-        "defaulted": ("output_length",) if output_length is None else (),
     }
 
 
@@ -191,10 +216,6 @@ def _lmcache(record: dict[str, Any]) -> dict[str, Any]:
             else None,
         ),
         "timestamp_ms": timestamp_ms(arrival, "s"),  # the writer's time.time()
-        "output_length": None,
-        "session": None,
-        "response_ms": None,
-        "defaulted": ("output_length",),
     }
 
 

@@ -16,7 +16,7 @@ of printable text.
 Measured, not flagged: timestamp granularity, the share of rows an outsider could single out
 (by their whole id sequence; by their lengths), sessions.
 
-Memory: one shard at a time, plus 24 bytes per row and 24 per distinct block id for the figures
+Memory: one shard at a time, plus 32 bytes per row and 24 per distinct block id for the figures
 and checks that span the folder (10M rows: benchmarks/README.md), and 16 per published minute
 of each shard (the shard cuts).
 """
@@ -46,6 +46,8 @@ from kvtrace.transforms.trace_format import (
     CAPTURE_FIELD,
     CAPTURE_MAP_NIGHT,
     CAPTURE_NIGHT,
+    CAPTURE_ROW_FIELDS,
+    CAPTURED_FIELDS,
     DERIVED_FROM,
     DERIVING_COMMANDS,
     FORMAT,
@@ -65,6 +67,7 @@ from kvtrace.transforms.trace_format import (
     OUTPUT_IDS_FIELD,
     OUTPUT_LENGTH_FIELD,
     PARENT_FIELD,
+    PARENT_SCOPE,
     RESPONSE_FIELD,
     ROW_FIELDS,
     RUN_SETTINGS,
@@ -216,12 +219,14 @@ REMOTE_FOLDER = (
 
 
 def _audit(
-    folder: str, given: Given, window_start: tuple[int, int] | None = None
+    folder: str, given: Given, window_start: tuple[int, int] | None = None, last_ms: int = -1
 ) -> tuple[dict, _Rows, _Gate, dict | None]:
     """The report on a folder or trace file, its rows' figures, what the audit read (the
     entries' metadata) and its manifest when whole. window_start: where a stream's window must
-    begin numbering, as the audited window before it ended."""
-    gate, rows, manifest = _Gate(), _Rows(), None
+    begin numbering, as the audited window before it ended; last_ms: that window's last row's
+    time (-1: none), the row before this window's first (time order and the gap rule hold
+    across)."""
+    gate, rows, manifest = _Gate(), _Rows(last_timestamp=last_ms), None
     if is_url(folder):
         gate.flag(REMOTE_FOLDER)
     if is_url(folder) or os.path.isdir(folder):
@@ -333,7 +338,7 @@ def _audit_stream(folder: str, names: list[str], given: Given) -> dict:
         return {"windows": {}, "flags": gate.flags, "publishable": False}
     totals = _stream_totals(folder, gate)
     window_ms = _window_length(totals, given.settings, gate)
-    chains, last_slot, first_settings, writers, last_ms = _Rows(), None, None, [], None
+    chains, last_slot, first_settings, writers, last_ms = _Rows(), None, None, [], -1
     for name in windows:
         if start is None:
             gate.flag(
@@ -341,7 +346,9 @@ def _audit_stream(folder: str, names: list[str], given: Given) -> dict:
                 f"it begins cannot be checked"
             )
             continue
-        report, rows, window_gate, manifest = _audit(os.path.join(folder, name), given, start)
+        report, rows, window_gate, manifest = _audit(
+            os.path.join(folder, name), given, start, last_ms
+        )
         writers.append(window_gate.stat)
         reports[name] = report
         for flag in report["flags"]:
@@ -360,8 +367,7 @@ def _audit_stream(folder: str, names: list[str], given: Given) -> dict:
                 f": one stream is one run"
             )
         last_slot = _check_window_cut(name, rows, window_ms, last_slot, gate)
-        granule = manifest["granularity"]["timestamp_ms"]
-        last_ms = _check_stream_gap(name, rows.column("times"), last_ms, granule, gate)
+        last_ms = rows.last_timestamp
         _chain_across_windows(chains, rows)
     chains._merge()
     chains.check_output_chains()
@@ -429,27 +435,6 @@ def _check_window_cut(
     if last_slot is not None and slots.min() <= last_slot:
         gate.flag(f"{name}: rows of a window not after the window before it's")
     return int(slots.max())
-
-
-def _check_stream_gap(
-    name: str, times: np.ndarray, last_ms: int | None, granule_ms: int, gate: _Gate
-) -> int | None:
-    """No row a gap over the batch rule's (read/timestamps.MAX_GAP_DAYS) from the row before
-    it, in this window or the audited one before it: such a row is a clock gone wrong (the
-    stream's zero, or a row counted from it) published, as the batch job would letter it.
-    Only gaps wider than any two rows the rule keeps can have once rounded to the stream's
-    granule (read/timestamps.widest_kept_gap_ms) are flagged: a shorter one may lie within the
-    rule's days, which the zero's epoch (never published) decides. Returns the latest time."""
-    if not len(times):
-        return last_ms
-    ordered = np.sort(times) if last_ms is None else np.concatenate([[last_ms], np.sort(times)])
-    widest = int(np.diff(ordered).max(initial=0))
-    if widest > widest_kept_gap_ms(granule_ms):
-        gate.flag(
-            f"{name}: rows {widest // DAY_MS} days apart, over the {MAX_GAP_DAYS} days the "
-            f"batch job allows between requests: a clock gone wrong was published"
-        )
-    return int(ordered[-1])
 
 
 def _chain_across_windows(chains: _Rows, rows: _Rows) -> None:
@@ -1395,9 +1380,9 @@ def unconfirmed_fields(document: dict, confirmers: dict[str, Confirmer], at: str
 
 @dataclass
 class _Rows:
-    """What the rows of every shard add up to, held as arrays: 24 bytes per row (time, a digest
-    of its id sequence, a digest of its lengths), 24 per distinct block id (tokens, parent), 8
-    per row with a session; checks as they go."""
+    """What the rows of every shard add up to, held as arrays: 32 bytes per row (time, a digest
+    of its id sequence, a digest of its lengths, its session), 24 per distinct block id (tokens,
+    parent); checks as they go."""
 
     count: int = 0
     first_timestamp: int | None = None
@@ -1437,7 +1422,7 @@ class _Rows:
         self.parts["times"].append(columns.timestamp)
         self.parts["sequence"].append(_sequence_digests(columns.ids, columns.num_ids))
         self.parts["lengths"].append(_mix(columns.input_length) ^ _mix(~columns.output_length))
-        self.parts["sessions"].append(columns.session[columns.session != NO_SESSION])
+        self.parts["sessions"].append(columns.session)  # every row's: a parent's is looked up
         self.shard_rooms.append(
             published_room(
                 columns.timestamp,
@@ -1467,13 +1452,35 @@ class _Rows:
 
     def _check_parents(self, columns: TraceColumns) -> None:
         """Each parent is a row before its own, in the rows' order across shards (so, the rows
-        being in time order, never later in time): write/parents.py writes no other."""
+        being in time order, never later in time), of the row's own session
+        (trace_format.PARENT_SCOPE): write/parents.py writes no other. Called before the
+        shard's rows are added."""
         if columns.parent is None:
             return
         rows = self.count + np.arange(len(columns))
         linked = columns.parent != NO_PARENT
         if (columns.parent[linked] >= rows[linked]).any():
             self.problems.append(f"{PARENT_FIELD} rows that do not precede their own")
+        linked &= (columns.parent >= 0) & (columns.parent < rows)  # the rest flagged already
+        scope = self._sessions_of(columns.parent[linked], columns.session)
+        own = columns.session[linked]
+        if ((own == NO_SESSION) | (scope != own)).any():
+            self.problems.append(
+                f"{PARENT_FIELD} rows outside their row's {PARENT_SCOPE}: a row's parent is "
+                f"an earlier row of its own {PARENT_SCOPE}, and a row of none has none"
+            )
+
+    def _sessions_of(self, rows: np.ndarray, latest: np.ndarray) -> np.ndarray:
+        """The sessions of these earlier rows (numbered across shards), each looked up in its
+        shard: the shards added, then latest (the shard being added)."""
+        shards = [*self.parts["sessions"], latest]
+        starts = np.cumsum([0, *(len(s) for s in shards)])
+        shard = np.searchsorted(starts, rows, side="right") - 1
+        found = np.empty(len(rows), np.int64)
+        for k in np.unique(shard):
+            at = shard == k
+            found[at] = shards[k][rows[at] - starts[k]]
+        return found
 
     def _count_fields(self, columns: TraceColumns) -> None:
         n = len(columns)
@@ -1543,6 +1550,43 @@ class _Rows:
                 self.problems.append(f"{OUTPUT_IDS_FIELD} counts that decoding does not give")
         if (columns.session < NO_SESSION).any() or (columns.response_ms < NO_RESPONSE_MS).any():
             self.problems.append("negative sessions or response times")
+        self._check_gaps(columns.timestamp, grain["timestamp_ms"])
+        if CAPTURE_FIELD in manifest:
+            self._check_captured(columns, manifest[CAPTURE_FIELD]["format"])
+
+    def _check_captured(self, columns: TraceColumns, capture: str) -> None:
+        """A capture night's rows hold only the fields its format gives (trace_format.
+        CAPTURE_ROW_FIELDS, the table its reader builds rows from): every other field none,
+        an output length 0."""
+        given = CAPTURE_ROW_FIELDS[capture]  # the manifest's schema names only these formats
+        held = {
+            OUTPUT_LENGTH_FIELD: bool(columns.output_length.any()),
+            SESSION_FIELD: bool((columns.session != NO_SESSION).any()),
+            RESPONSE_FIELD: columns.has_response,
+            PARENT_FIELD: columns.has_parent,
+        }
+        extra = [name for name in CAPTURED_FIELDS if held[name] and name not in given]
+        if extra:
+            self.problems.append(
+                f"{', '.join(extra)} in rows of {capture} captures: the format logs none "
+                f"(a capture night publishes only what its format gives)"
+            )
+
+    def _check_gaps(self, times: np.ndarray, granule_ms: int) -> None:
+        """No row a gap over the batch rule's (read/timestamps.MAX_GAP_DAYS) from the row before
+        it, across shards and a stream's windows (last_timestamp): the reader letters such a
+        request `implausible_timestamp` (a clock reset, another clock) and no night, map night,
+        capture night or stream window publishes it. Only gaps wider than any two rows the
+        rule keeps can have once rounded to the granule (read/timestamps.widest_kept_gap_ms)
+        are flagged: a shorter one may lie within the rule's days, which the zero's epoch
+        (never published) decides. Rows out of order are flagged by _check_order."""
+        before = [self.last_timestamp] if self.last_timestamp >= 0 else []
+        widest = int(np.diff(np.concatenate([np.array(before, np.int64), times])).max(initial=0))
+        if widest > widest_kept_gap_ms(granule_ms):
+            self.problems.append(
+                f"rows {widest // DAY_MS} days apart, over the {MAX_GAP_DAYS} days the batch "
+                f"job allows between requests: a clock gone wrong was published"
+            )
 
     def _check_order(self, columns: TraceColumns) -> None:
         """What numbering in first-seen order gives, checked in the rows' own order: rows in
@@ -1664,14 +1708,16 @@ class _Rows:
         return _sorted_unique(np.concatenate([self.ids, *self.output_ids]))
 
     def sessions(self) -> np.ndarray:
-        return _sorted_unique(self.column("sessions"))
+        sessions = self.column("sessions")
+        return _sorted_unique(sessions[sessions != NO_SESSION])
 
     def column(self, key: str) -> np.ndarray:
         parts = self.parts[key]
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def report(self, names: list[str], ids: dict) -> dict:
-        sessions = np.sort(self.column("sessions"))
+        sessions = self.column("sessions")
+        sessions = np.sort(sessions[sessions != NO_SESSION])
         per_session = np.diff(np.flatnonzero(np.diff(sessions, prepend=-2, append=-2)))
         return {
             "rows": self.count,

@@ -207,3 +207,18 @@ def test_a_capture_run_joins_no_batch_lines():
     line = _line({"custom_id": "a", "body": {"prompt": "x"}, "url": "/v1/completions"})
     assert batch_half(line, ParseOptions()) is not None
     assert batch_half(line, ParseOptions(capture=DYNAMO)) is None
+
+
+def test_a_capture_row_holds_only_the_fields_its_formats_table_lists(monkeypatch):
+    """The reader builds a capture's row from trace_format.CAPTURE_ROW_FIELDS, the table the
+    audit holds the night to: a format the table gives no session, output length or response
+    time publishes none, whatever its record holds."""
+    from kvtrace.transforms.trace_format import CAPTURE_FORMATS, CAPTURE_ROW_FIELDS, CAPTURED_FIELDS
+
+    assert set(CAPTURE_ROW_FIELDS) == set(CAPTURE_FORMATS)  # closed: every format, no other
+    assert all(given <= set(CAPTURED_FIELDS) for given in CAPTURE_ROW_FIELDS.values())
+    record = dynamo_request_end(5_000, TOKENS, 4, output_tokens=7, session="agent-1")
+    monkeypatch.setitem(CAPTURE_ROW_FIELDS, DYNAMO, frozenset())
+    request = _parsed(record, DYNAMO)
+    assert (request.output_length, request.session, request.response_ms) == (None, None, None)
+    assert request.defaulted == ("output_length",)

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from kvtrace.transforms.trace_format import TraceColumns
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=5),
@@ -79,27 +82,32 @@ def test_largest_integers_name_only_fields_some_row_holds():
     assert seen.largest["response_ms"] == 7 and "session" not in seen.largest
 
 
+def _parented(
+    parents: list[int], start: int = 0, sessions: list[int] | None = None
+) -> TraceColumns:
+    """Rows from time `start` on, with these parents and sessions (all session 0 unless given)."""
+    from kvtrace.transforms.trace_format import NO_RESPONSE_MS
+
+    n = len(parents)
+    return TraceColumns(
+        start + np.arange(n),
+        np.full(n, 4),
+        np.full(n, 2),
+        np.full(n, 1),
+        np.arange(n),
+        np.zeros(n, np.int64) if sessions is None else np.array(sessions),
+        np.full(n, NO_RESPONSE_MS),
+        parent=np.array(parents),
+    )
+
+
 def test_a_parent_row_must_precede_its_own_across_shards():
     """write/parents.py writes only earlier rows' numbers, counted across the shards in order:
     a parent_row naming its own row, a later one, or one past the earlier shards is flagged."""
-    import numpy as np
-
     from kvtrace.transforms.stats.audit import _Rows
-    from kvtrace.transforms.trace_format import NO_PARENT, NO_RESPONSE_MS, NO_SESSION, TraceColumns
+    from kvtrace.transforms.trace_format import NO_PARENT
 
-    def rows(parents: list[int], start: int = 0) -> TraceColumns:
-        n = len(parents)
-        return TraceColumns(
-            start + np.arange(n),
-            np.full(n, 4),
-            np.full(n, 2),
-            np.full(n, 1),
-            np.arange(n),
-            np.full(n, NO_SESSION),
-            np.full(n, NO_RESPONSE_MS),
-            parent=np.array(parents),
-        )
-
+    rows = _parented
     seen = _Rows()
     seen.add(rows([NO_PARENT, 0, 0]), None)
     seen.add(rows([2, 1, 3], 3), None)  # rows 3, 4, 5: each names an earlier one
@@ -109,6 +117,30 @@ def test_a_parent_row_must_precede_its_own_across_shards():
         seen.add(rows([NO_PARENT, 0, 0]), None)
         seen.add(rows(wrong, 3), None)
         assert seen.problems == ["parent_row rows that do not precede their own"], wrong
+
+
+def test_a_parent_row_names_an_earlier_row_of_its_own_session_across_shards():
+    """A parent lies in its row's session (trace_format.PARENT_SCOPE: the writer keys the link
+    a request continues within its session): a parent of a sessionless row, or one naming a
+    row of another session, an earlier shard's or this one's, is flagged."""
+    from kvtrace.transforms.stats.audit import _Rows
+    from kvtrace.transforms.trace_format import NO_PARENT, NO_SESSION
+
+    rows = _parented
+    first = rows([NO_PARENT, 0, NO_PARENT], sessions=[0, 0, 1])
+    seen = _Rows()
+    seen.add(first, None)
+    seen.add(rows([2, 1, NO_PARENT], 3, [1, 0, NO_SESSION]), None)
+    assert not seen.problems
+    for parents, sessions in (
+        ([1, NO_PARENT, NO_PARENT], [1, 0, 0]),  # row 1 is session 0's
+        ([NO_PARENT, 3, NO_PARENT], [1, 0, 0]),  # this shard's row 3 is session 1's
+        ([NO_PARENT, NO_PARENT, 0], [1, 0, NO_SESSION]),  # a sessionless row has none
+    ):
+        seen = _Rows()
+        seen.add(first, None)
+        seen.add(rows(parents, 3, sessions), None)
+        assert len(seen.problems) == 1 and "outside their row's session" in seen.problems[0]
 
 
 def test_foreign_owners_are_one_line_for_the_folder(tmp_path):
@@ -128,37 +160,76 @@ def test_foreign_owners_are_one_line_for_the_folder(tmp_path):
     assert len(gate.flags) == MAX_FLAGS  # the rest are the strays' own lines
 
 
-def test_a_streams_rows_over_the_batch_rules_gap_apart_are_flagged():
-    """A stream whose zero (or a row) came from a clock gone wrong publishes rows years apart:
-    the gate refuses what the batch job would have lettered, across windows as within one."""
+def _gap_flags(shards: list[list[int]], granule_ms: int, last_ms: int = -1) -> list[str]:
+    """The gap rule's flags on rows shard after shard (_Rows._check_gaps, as add calls it)."""
+    from kvtrace.transforms.stats.audit import _Rows
+
+    rows = _Rows(last_timestamp=last_ms)
+    for times in shards:
+        rows._check_gaps(np.array(times, np.int64), granule_ms)
+        rows.last_timestamp = int(times[-1])
+    return rows.problems
+
+
+def test_rows_over_the_batch_rules_gap_apart_are_flagged():
+    """Rows whose zero (or one row) came from a clock gone wrong lie years apart: the gate
+    refuses what the batch job would have lettered, in every folder (a night's, a map night's,
+    a capture night's, a stream's window), across shards and windows as within one."""
     from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
-    from kvtrace.transforms.stats.audit import _check_stream_gap, _Gate
 
-    gate = _Gate()
-    last = _check_stream_gap("window-000000", np.array([0]), None, 1, gate)
     near = (MAX_GAP_DAYS + 1) * DAY_MS - 1  # may lie within the rule's days: passes
-    assert _check_stream_gap("window-000001", np.array([near, near + 5]), last, 1, gate) == near + 5
-    assert gate.flags == []
+    assert _gap_flags([[0], [near, near + 5]], 1) == []
     far = near + 5 + (MAX_GAP_DAYS + 1) * DAY_MS
-    _check_stream_gap("window-000002", np.array([far]), near + 5, 1, gate)
-    _check_stream_gap("window-000003", np.array([far, far + 30 * DAY_MS]), None, 1, gate)
-    assert [flag.split(":")[0] for flag in gate.flags] == ["window-000002", "window-000003"]
+    assert len(_gap_flags([[0], [near, near + 5], [far]], 1)) == 1  # across shards
+    assert len(_gap_flags([[far]], 1, last_ms=near + 5)) == 1  # across windows
+    assert len(_gap_flags([[far, far + 30 * DAY_MS]], 1)) == 1  # within one
+    assert _gap_flags([[far]], 1) == []  # a first row: where it lies is checked elsewhere
 
 
-def test_a_kept_pair_rounded_to_the_streams_granule_is_never_flagged():
+def test_a_kept_pair_rounded_to_the_granule_is_never_flagged():
     """Two rows the rule keeps lie at most (MAX_GAP_DAYS + 1) days - 1 ms apart; rounded half
     up to a granule they may lie a whole granule multiple apart, 8 days exactly: passed with
-    the stream's granule, flagged one granule wider (read/timestamps.widest_kept_gap_ms)."""
+    the folder's granule, flagged one granule wider (read/timestamps.widest_kept_gap_ms)."""
     from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS
-    from kvtrace.transforms.stats.audit import _check_stream_gap, _Gate
     from kvtrace.transforms.write.coarsen import round_to
 
     kept = np.array([1, (MAX_GAP_DAYS + 1) * DAY_MS - 1])  # days d and d + 7, from a zero at 1
     published = round_to(kept - 1, 1000)
     assert int(np.diff(published)[0]) == (MAX_GAP_DAYS + 1) * DAY_MS
-    gate = _Gate()
-    _check_stream_gap("window-000000", published, None, 1000, gate)
-    assert gate.flags == []
-    _check_stream_gap("window-000001", published + [0, 1000], None, 1000, gate)
-    _check_stream_gap("window-000002", published, None, 1, gate)
-    assert [flag.split(":")[0] for flag in gate.flags] == ["window-000001", "window-000002"]
+    assert _gap_flags([list(published)], 1000) == []
+    assert len(_gap_flags([list(published + [0, 1000])], 1000)) == 1
+    assert len(_gap_flags([list(published)], 1)) == 1
+    assert _gap_flags([[0], [8 * DAY_MS]], DAY_MS) == []  # a day's granule: 8 days are kept
+    assert len(_gap_flags([[0], [9 * DAY_MS]], DAY_MS)) == 1
+
+
+def test_a_capture_nights_rows_hold_only_the_fields_its_format_gives():
+    """A capture night's rows are held to trace_format.CAPTURE_ROW_FIELDS: LMCache's log gives
+    no output length, session, response time or parent; Dynamo's gives all but a parent."""
+    from kvtrace.transforms.stats.audit import _Rows
+    from kvtrace.transforms.trace_format import NO_PARENT, NO_RESPONSE_MS, NO_SESSION
+
+    bare = replace(
+        _parented([NO_PARENT] * 3, sessions=[NO_SESSION] * 3), output_length=np.zeros(3, np.int64)
+    )
+    chosen = {
+        "output_length": {"output_length": np.array([0, 7, 0])},
+        "session": {"session": np.array([NO_SESSION, 0, NO_SESSION])},
+        "response_ms": {"response_ms": np.array([NO_RESPONSE_MS, 5, NO_RESPONSE_MS])},
+        "parent_row": {
+            "parent": np.array([NO_PARENT, NO_PARENT, 0]),
+            "session": np.zeros(3, np.int64),
+        },
+    }
+    for capture, gives in (
+        ("lmcache-lookup-hashes", ()),
+        ("dynamo-request-trace", ("output_length", "session", "response_ms")),
+    ):
+        rows = _Rows()
+        rows._check_captured(bare, capture)
+        assert rows.problems == [], capture
+        for name, change in chosen.items():
+            rows = _Rows()
+            rows._check_captured(replace(bare, **change), capture)
+            assert bool(rows.problems) == (name not in gives), (capture, name)
+            assert all(name in problem for problem in rows.problems)
