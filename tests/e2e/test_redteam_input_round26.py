@@ -20,7 +20,6 @@ pytestmark = pytest.mark.slow
 T0 = 1763700000000  # 2025-11-21T04:40:00Z, epoch ms
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_prompt_of_token_ids_past_any_vocabulary_is_a_letter(tmp_path):
     """Values checked as the serving engine checks them; never a made-up length. A Completions
     request may send its prompt as token ids (`prompt: [ids]`, read as a token-ids record is);
