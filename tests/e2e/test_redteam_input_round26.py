@@ -97,7 +97,6 @@ def test_a_tokenizer_regex_that_backtracks_under_its_retry_limit_costs_bounded_c
     assert (len(rows), len(letters)) == (1, 1)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_chat_request_with_a_tool_its_api_refuses_is_a_letter(tmp_path):
     """Values checked as the serving engine checks them; never a made-up length. The engine's
     Chat Completions request takes `tools` as a list of its tool model (`type` "function", the
