@@ -20,7 +20,6 @@ pytestmark = pytest.mark.slow
 T0 = 1763700000000  # 2025-11-21T04:40:00Z, epoch ms
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_prompt_of_token_ids_past_any_vocabulary_is_a_letter(tmp_path):
     """Values checked as the serving engine checks them; never a made-up length. A Completions
     request may send its prompt as token ids (`prompt: [ids]`, read as a token-ids record is);
@@ -101,7 +100,6 @@ def test_a_tokenizer_regex_that_backtracks_under_its_retry_limit_costs_bounded_c
     assert (len(rows), len(letters)) == (1, 1)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_chat_request_with_a_tool_its_api_refuses_is_a_letter(tmp_path):
     """Values checked as the serving engine checks them; never a made-up length. The engine's
     Chat Completions request takes `tools` as a list of its tool model (`type` "function", the

@@ -150,6 +150,18 @@ def served_tokens(request: Request, content: bytes, specials: SpecialTokens | No
     return prefix + content + suffix
 
 
+def in_vocabulary(ids: list[int], max_token_id: int) -> None:
+    """Raises Rejected for token ids past the largest the engine takes, as the engine refuses
+    them ("out of vocabulary", a 400: the request never prefilled). Reading held each to 0 and
+    uint32 already (records._token_ids)."""
+    largest = max(ids, default=0)
+    if largest > max_token_id:
+        raise Rejected(
+            "invalid_request",
+            f"token id {largest} is out of the vocabulary (ids 0 to {max_token_id})",
+        )
+
+
 def row_ids(hashed: HashedRequest) -> int:
     """The ids its row will hold: a block id per block hashed, prompt and output."""
     return (len(hashed.block_hashes) + len(hashed.output_block_hashes)) // DIGEST_SIZE
@@ -232,6 +244,8 @@ class RequestEncoder:
         self._seed = seed
         # What the tokenizer adds with add_special_tokens, probed once (a capture run: nothing)
         self._specials = None if tokenizer is None else special_tokens(tokenizer)
+        # The largest token id the engine takes, learned as the tokenizer loaded
+        self._max_token_id = None if tokenizer is None else tokenizer.max_token_id
 
     def encode(self, batch: Iterable[Request]) -> tuple[HashedBatch | None, list[DeadLetter]]:
         rendered, rejected = self.render(batch)
@@ -375,7 +389,10 @@ class RequestEncoder:
         hashed.append(row)
 
     def _prompt(self, request: Request) -> str | None:
-        """The text to tokenize, or None when the request came as token ids."""
+        """The text to tokenize, or None when the request came as token ids (within the
+        vocabulary: in_vocabulary)."""
+        if request.input_ids is not None and self._max_token_id is not None:
+            in_vocabulary(request.input_ids, self._max_token_id)
         if request.kind == "chat":
             prompt = render_chat(
                 self._tokenizer,

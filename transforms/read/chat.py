@@ -418,31 +418,109 @@ def _anthropic_system(system: Any) -> str:
     return "".join(t for t in texts if t and not t.startswith(BILLING_HEADER))
 
 
-def chat_completions_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Responses API tool definitions in the Chat Completions form templates read."""
-    return [
-        tool
-        if "function" in tool
-        else {
-            "type": "function",
-            "function": {
-                "name": tool.get("name"),
-                "description": tool.get("description"),
-                "parameters": tool.get("parameters"),
-            },
-        }
-        for tool in tools
-    ]
+# A function definition's fields the engine's models keep, in their order; any other key of a
+# tool or its function is dropped as the tool is dumped for the template. The optional flags are
+# dropped too while null. (Chat Completions' tool model; the Responses and Anthropic servers
+# build that same model from their own tools.)
+FUNCTION_FIELDS = ("name", "description", "parameters")
+FUNCTION_FLAGS = ("strict", "defer_loading")
+# The Responses API's tool union, by its `type`: the fields each variant requires. Only function
+# tools reach the template (a namespace's function tools too, named NAMESPACE__NAME): the
+# others are the server's own tools, which a template never sees.
+RESPONSES_TOOL_FIELDS: dict[str, tuple[str, ...]] = {
+    "function": ("name",),
+    "namespace": ("name", "description", "tools"),
+    "custom": ("name",),
+    "file_search": ("vector_store_ids",),
+    "computer": (),
+    "computer_use_preview": ("display_height", "display_width", "environment"),
+    "web_search": (),
+    "web_search_2025_08_26": (),
+    "web_search_preview": (),
+    "web_search_preview_2025_03_11": (),
+    "mcp": ("server_label",),
+    "code_interpreter": ("container",),
+    "programmatic_tool_calling": (),
+    "image_generation": (),
+    "local_shell": (),
+    "shell": (),
+    "tool_search": (),
+    "apply_patch": (),
+}
+NAMESPACE_SEPARATOR = "__"
+# A namespace's tools: function or custom tools, by `type`.
+NAMESPACED_TOOL_TYPES = frozenset({"function", "custom"})
 
 
-def anthropic_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def chat_completions_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """A Chat Completions request's tools as the engine's request model takes them (each of
+    type "function", the default, with a `function` object naming it by a string) and dumps
+    them for the template (served_tool); anything else is the engine's 400."""
+    served = []
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if type_of(tool, "function") != "function" or not isinstance(function, dict):
+            raise Rejected(
+                "invalid_request",
+                f"tool {index} of a Chat Completions request is no function tool "
+                '({"type": "function", "function": {"name": ...}})',
+            )
+        served.append(served_tool(function, tool.get("defer_loading"), f"tool {index}"))
+    return served
+
+
+def responses_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """A Responses request's tools as the engine's request model takes them (its tool union: a
+    known `type` with the fields that type requires; a function flat, named by a string) and
+    hands them to the template: its function tools, a namespace's named within it, each as
+    served_tool dumps it; the server's own tools render nothing. Anything else: a 400."""
+    served = []
+    for index, tool in enumerate(tools):
+        kind = type_of(tool) if isinstance(tool, dict) else None
+        required = RESPONSES_TOOL_FIELDS.get(kind) if kind is not None else None
+        if required is None or any(tool.get(name) is None for name in required):
+            raise Rejected(
+                "invalid_request",
+                f"tool {index} of a Responses request is none of its API's tools (a known "
+                "type, with the fields that type requires)",
+            )
+        where = f"tool {index}"
+        if kind == "function":
+            served.append(served_tool(tool, None, where))
+        elif kind == "namespace":
+            served.extend(_namespace_tools(tool, where))
+    return served
+
+
+def _namespace_tools(namespace: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """A Responses namespace's function tools, each named NAMESPACE__NAME for the template."""
+    name, tools = namespace["name"], namespace["tools"]
+    if not isinstance(name, str) or not isinstance(tools, list):
+        raise Rejected("invalid_request", f"{where}: a namespace's name or tools of a wrong type")
+    served = []
+    for index, tool in enumerate(tools):
+        inner = f"{where}.tools[{index}]"
+        if (
+            not isinstance(tool, dict)
+            or type_of(tool) not in NAMESPACED_TOOL_TYPES
+            or not isinstance(tool.get("name"), str)
+        ):
+            raise Rejected("invalid_request", f"{inner} is no named function or custom tool")
+        if type_of(tool) == "function":
+            named = {**tool, "name": f"{name}{NAMESPACE_SEPARATOR}{tool['name']}"}
+            served.append(served_tool(named, None, inner))
+    return served
+
+
+def anthropic_tools(tools: list[Any]) -> list[dict[str, Any]]:
     """Anthropic tool definitions as vLLM's Anthropic server hands them on: every tool needs a
     name and an `input_schema` (its request model refuses the request otherwise), which becomes
     the function's parameters, with `"type": "object"` added last when the schema has no type,
-    as its validator adds it."""
+    as its validator adds it; then dumped as served_tool dumps a function."""
     converted = []
     for index, tool in enumerate(tools):
-        name, schema = tool.get("name"), tool.get("input_schema")
+        name = tool.get("name") if isinstance(tool, dict) else None
+        schema = tool.get("input_schema") if isinstance(tool, dict) else None
         if not isinstance(name, str) or not isinstance(schema, dict):
             raise Rejected(
                 "invalid_request",
@@ -450,28 +528,42 @@ def anthropic_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
         parameters = schema if "type" in schema else {**schema, "type": "object"}
         function = {"name": name, "description": tool.get("description"), "parameters": parameters}
-        converted.append({"type": "function", "function": function})
+        function |= {flag: tool.get(flag) for flag in FUNCTION_FLAGS}
+        converted.append(served_tool(function, None, f"tool {index}"))
     return converted
 
 
-def served_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tools as vLLM's server hands them to the template: its request model's fields in their
-    order (type; function: name, description, parameters, absent ones as null), then any extra
-    keys as sent. A template that renders tools sees exactly this."""
-    served = []
-    for tool in tools:
-        function = tool.get("function")
-        if type_of(tool, "function") != "function" or not isinstance(function, dict):
-            served.append(tool)
-            continue
-        declared = {name: function.get(name) for name in ("name", "description", "parameters")}
-        served.append(
-            {
-                "type": "function",
-                "function": declared | {k: v for k, v in function.items() if k not in declared},
-                **{k: v for k, v in tool.items() if k not in ("type", "function")},
-            }
+def served_tool(function: dict[str, Any], defer_loading: Any, where: str) -> dict[str, Any]:
+    """A function tool as the engine's tool model dumps it for the template, whichever API sent
+    it: type; function: name, description, parameters (absent ones null), then strict and
+    defer_loading where not null (the function's own defer_loading, else the tool's); then the
+    tool's defer_loading where not null. Every other key is dropped. A field of the wrong type
+    is the engine's 400 (the name a string, the parameters an object, the flags booleans).
+    where: the tool, for the letter."""
+    declared = {name: function.get(name) for name in FUNCTION_FIELDS}
+    if function.get("defer_loading") is None:
+        function = {**function, "defer_loading": defer_loading}
+    flags = {flag: function.get(flag) for flag in FUNCTION_FLAGS}
+    if not isinstance(declared["name"], str):  # its shape refused any other type: none given
+        raise Rejected("invalid_request", f"{where} names no function")
+    if (
+        not isinstance(declared["description"], (str, type(None)))
+        or not isinstance(declared["parameters"], (dict, type(None)))
+        or not all(
+            isinstance(value, (bool, type(None))) for value in (*flags.values(), defer_loading)
         )
+    ):
+        raise Rejected(
+            "wrong_type",
+            f"{where}: a function's description, parameters, strict or defer_loading of "
+            "a wrong type",
+        )
+    served: dict[str, Any] = {
+        "type": "function",
+        "function": declared | {flag: value for flag, value in flags.items() if value is not None},
+    }
+    if defer_loading is not None:
+        served["defer_loading"] = defer_loading
     return served
 
 

@@ -550,9 +550,7 @@ def _request(
     api = _request_api(kind, body, sent.get("tools"))
     budget = ContainerBudget(containers)  # what the decoded bodies left
     if kind == "chat":
-        fields["messages"], fields["tools"] = _chat(
-            body, sent.get("tools"), options.drop_non_text_parts, budget
-        )
+        fields["messages"] = _chat(body, api, options.drop_non_text_parts, budget)
         settings = API_FIELDS[api].settings
         fields["template_kwargs"] = settings(sent) if settings is not None else None
     elif kind == "prompt" and payload_kind == "prompt":
@@ -849,6 +847,16 @@ def _unsupported(name: str, why: str) -> FieldReader:
     return read
 
 
+def _tools(served: Callable[[list[Any]], list[dict[str, Any]]]) -> FieldReader:
+    """An API's tools, as its request model takes them and the engine hands them to the
+    template (served: chat.*_tools); an empty list is none, as the template is given none."""
+
+    def read(value: Any, response: dict | list | None) -> dict[str, Any]:
+        return {"tools": served(value) or None}
+
+    return read
+
+
 def _read_apart(value: Any, response: dict | list | None) -> dict[str, Any]:
     """A field read where the prompt is built (_chat, the API's settings), or a sequence field
     _check_one_sequence reads: it gives no Request field of its own here."""
@@ -908,7 +916,7 @@ _GENERATION = (
     "routed_experts_prompt_start return_token_offsets repetition_detection stream_interval"
 )
 _CHAT_RENDERED = (
-    "messages tools chat_template chat_template_kwargs add_generation_prompt "
+    "messages chat_template chat_template_kwargs add_generation_prompt "
     "continue_final_message documents reasoning_effort"
 )
 # Each API's row (docs/ANONYMIZE.md, Request fields per API). tool_choice leaves the prompt
@@ -918,6 +926,7 @@ API_FIELDS: dict[str, ApiFields] = {
     CHAT_COMPLETIONS: ApiFields(
         reads={
             **_TOKENIZING,
+            "tools": _tools(chat.chat_completions_tools),
             **dict.fromkeys(_CHAT_RENDERED.split(), _read_apart),
             **dict.fromkeys(_SEQUENCES - {"best_of"}, _read_apart),
         },
@@ -947,8 +956,9 @@ API_FIELDS: dict[str, ApiFields] = {
         reads={
             "truncation": _responses_truncation,
             CACHE_SALT: _cache_salt,
+            "tools": _tools(chat.responses_tools),
             **dict.fromkeys(
-                "input instructions tools reasoning chat_template_kwargs".split(), _read_apart
+                "input instructions reasoning chat_template_kwargs".split(), _read_apart
             ),
             **{
                 name: _stored_context(name)
@@ -972,9 +982,9 @@ API_FIELDS: dict[str, ApiFields] = {
     ANTHROPIC: ApiFields(
         reads={
             CACHE_SALT: _cache_salt,
+            "tools": _tools(chat.anthropic_tools),
             **dict.fromkeys(
-                "messages system tools output_config thinking chat_template_kwargs".split(),
-                _read_apart,
+                "messages system output_config thinking chat_template_kwargs".split(), _read_apart
             ),
         },
         leaves=_leaving(f"{_SERVING} max_tokens metadata stop_sequences tool_choice"),
@@ -1066,20 +1076,16 @@ def _detect_kind(body: dict[str, Any]) -> str:
 
 
 def _chat(
-    body: dict[str, Any], tools: list | None, drop_non_text: bool, budget: ContainerBudget
-) -> tuple[list[dict], list[dict] | None]:
-    tools = tools or None  # a list of objects, its shape says
-    if body.get("messages") is not None and not chat.is_anthropic(body, tools):
-        return chat.openai_messages(
-            body["messages"], drop_non_text, budget
-        ), tools and chat.served_tools(tools)
-    if body.get("messages") is not None:
-        anthropic_tools = tools and chat.served_tools(chat.anthropic_tools(tools))
-        return chat.anthropic_messages(body, drop_non_text, budget), anthropic_tools
+    body: dict[str, Any], api: str, drop_non_text: bool, budget: ContainerBudget
+) -> list[dict]:
+    """The messages of a chat request of its API (its tools: API_FIELDS' tools readers)."""
+    if api == CHAT_COMPLETIONS:
+        return chat.openai_messages(body["messages"], drop_non_text, budget)
+    if api == ANTHROPIC:
+        return chat.anthropic_messages(body, drop_non_text, budget)
     if body.get("input") is None:
         raise Rejected("no_input", "no messages or input")
-    responses_tools = tools and chat.served_tools(chat.chat_completions_tools(tools))
-    return chat.responses_messages(body, drop_non_text, budget), responses_tools
+    return chat.responses_messages(body, drop_non_text, budget)
 
 
 def _prompt_fields(prompt: str | list | None) -> dict[str, Any]:

@@ -238,7 +238,9 @@ MESSAGE = obj(
     reasoning_content=optional(STRING),
 )
 # Chat Completions ({type, function: {...}}), Anthropic ({name, input_schema}) and Responses API
-# ({type, name, parameters}) tool definitions: one object declares the fields of all three.
+# ({type, name, parameters}) tool definitions: one object types the fields of all three, read
+# before the request's API is known; which form each API takes is its tools reader's business
+# (records.API_FIELDS: chat.chat_completions_tools, responses_tools, anthropic_tools).
 TOOL = obj(
     type=STRING,
     name=STRING,

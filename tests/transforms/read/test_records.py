@@ -210,8 +210,7 @@ def test_tools_are_normalized_as_vllms_request_model_dumps_them():
         {
             "type": "function",
             "function": {"name": "g", "description": None, "parameters": None},
-            "x-note": 1,
-        },
+        },  # a key the model does not declare is dropped as it dumps the tool
     ]
     assert list(served[0]["function"]) == ["name", "description", "parameters", "strict"]
 
