@@ -582,12 +582,22 @@ def _request(
         response_ms=response_ms(record, body, response, ts, options.timestamp_unit),
         cached_tokens=_cached_tokens(declared_fields(record, envelope), response),
         defaulted=("output_length",) if output_text is None and output_length is None else (),
-        output_turn=chat.generated_turn(response, budget) if counted and kind == "chat" else None,
+        output_turn=_output_turn(response, budget) if counted and kind == "chat" else None,
         output_stopped=chat.ended_at_stop(response) if counted else None,
         links=links,
         continues=continued(fields.get("messages")) if options.links else None,
         **fields,
     )
+
+
+def _output_turn(response: dict | list | None, budget: ContainerBudget) -> dict[str, Any] | None:
+    """The response's generated turn (chat.generated_turn), built leniently: the engine served
+    the request, so whatever the turn's build refuses (a tool call's arguments past the JSON
+    bounds, a call of no function) means no turn, and the text's count stands."""
+    try:
+        return chat.generated_turn(response, budget)
+    except Rejected:
+        return None
 
 
 def _request_body(record: dict[str, Any], batch: bool) -> tuple[str, dict[str, Any]]:
