@@ -13,14 +13,15 @@ the turn's. docs/ANONYMIZE.md says the rule and its cases:
   length generated no end-of-turn token;
 - a template that rewrites what the prompt rendered (the conversation's tokens no extension of
   the prompt's): the turn is what the conversation renders past the tokens the two share;
-- a template that leaves the turn's reasoning out: the reasoning's own tokens are added (the
-  engine generated them);
+- a template that leaves the turn's reasoning out: the reasoning's own tokens are added, with
+  the added token that ended it (reasoning_marker: the engine generated both);
 - whatever the turn counts, the output is never shorter than the text's own tokens and the stop
   token the response says it ended at (the count without a template: the completions API).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +81,54 @@ def render_turn(
         return Turn(conversation, None)
     # Looked for past the prompt, without its ends, which a template may strip (Qwen3's does).
     shown = reasoning.strip() in conversation[common_prefix(prompt, conversation) :]
-    return Turn(conversation, None if shown else reasoning)
+    if shown:
+        return Turn(conversation, None)
+    return Turn(conversation, reasoning + (reasoning_marker(tokenizer, template_kwargs) or ""))
+
+
+def reasoning_marker(tokenizer: Any, template_kwargs: dict[str, Any]) -> str | None:
+    """The added token a template splits an assistant turn's content on, rendering only what
+    follows it: the end of the reasoning the model generated (DeepSeek-R1's `</think>`), where
+    the engine's parser cut the reasoning from the content, and which the template drops with
+    the reasoning. Found by rendering, once per tokenizer and run's template variables: the
+    first added token the template's source names whose turn `x<token>y` renders as the turn
+    `y` (and `xy` does not); None where none does."""
+    found = _MARKERS.get(tokenizer)
+    if found is None:
+        found = _MARKERS.setdefault(tokenizer, {})
+    key = repr(sorted(template_kwargs.items()))
+    if key not in found:
+        found[key] = _find_marker(tokenizer, template_kwargs)
+    return found[key]
+
+
+def _find_marker(tokenizer: Any, template_kwargs: dict[str, Any]) -> str | None:
+    templates = tokenizer.chat_template
+    source = "".join(templates.values()) if isinstance(templates, dict) else templates or ""
+    added = tokenizer.backend_tokenizer.get_added_tokens_decoder()
+
+    def rendered(content: str) -> str | None:
+        turn = [_PROBE_QUESTION, {"role": "assistant", "content": content}]
+        try:
+            return render_chat(
+                tokenizer, turn, None, template_kwargs, 0, {"add_generation_prompt": False}
+            )
+        except Rejected:
+            return None
+
+    after = rendered("y")
+    if after is None or rendered("xy") == after:
+        return None  # the template renders no content to split
+    for _, token in sorted(added.items()):
+        if token.content and token.content in source and rendered(f"x{token.content}y") == after:
+            return token.content
+    return None
+
+
+_PROBE_QUESTION = {"role": "user", "content": "kvtrace probe"}
+# Per tokenizer (a process may hold several), forgotten with it: per run's template variables,
+# its reasoning marker.
+_MARKERS: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = weakref.WeakKeyDictionary()
 
 
 def through_end_of_turn(conversation: str, eos: str | None, stopped: bool | None) -> str:

@@ -15,6 +15,7 @@ from kvtrace.transforms.encode.encode_requests import EncodeOptions, RequestEnco
 from kvtrace.transforms.encode.output_turn import (
     common_prefix,
     generated_length,
+    reasoning_marker,
     through_end_of_turn,
 )
 from kvtrace.transforms.encode.salt import SaltSource
@@ -103,10 +104,19 @@ def test_a_deepseek_r1_reasoning_turn_counts_the_reasoning_its_template_leaves_o
         deepseek_tokenizer, _chat({"content": "At noon.", "reasoning_content": reasoning})
     )
     # The template renders the last turn as its content and end-of-sentence token only (its
-    # prompt's generation prompt opens the think block): the reasoning is counted on its own.
+    # prompt's generation prompt opens the think block): the reasoning is counted on its own,
+    # with the `</think>` that ended it, which the engine generated too.
     turn = _count(deepseek_tokenizer, "At noon.<｜end▁of▁sentence｜>")
-    assert length == turn + _count(deepseek_tokenizer, reasoning)
+    assert length == turn + _count(deepseek_tokenizer, reasoning) + 1
     assert length > _count(deepseek_tokenizer, reasoning + "At noon.") + 1
+
+
+def test_the_reasoning_marker_is_the_token_the_template_splits_content_on(
+    deepseek_tokenizer, qwen3_tokenizer
+):
+    assert reasoning_marker(load_tokenizer(deepseek_tokenizer), {}) == "</think>"
+    # Qwen3's template renders a last turn's reasoning: no token drops what precedes it.
+    assert reasoning_marker(load_tokenizer(qwen3_tokenizer), {}) is None
 
 
 ANTHROPIC = {
