@@ -13,8 +13,9 @@ the turn's. docs/ANONYMIZE.md says the rule and its cases:
   length generated no end-of-turn token;
 - a template that rewrites what the prompt rendered (the conversation's tokens no extension of
   the prompt's): the turn is what the conversation renders past the tokens the two share;
-- a template that leaves the turn's reasoning out: the reasoning's own tokens are added, with
-  the added token that ended it (reasoning_marker: the engine generated both);
+- a template that leaves the turn's reasoning out (renders the turn the same without it): the
+  reasoning's own tokens are added, with the added token that ended it (reasoning_marker: the
+  engine generated both);
 - whatever the turn counts, the output is never shorter than the text's own tokens and the stop
   token the response says it ended at (the count without a template: the completions API).
 """
@@ -62,28 +63,40 @@ def render_turn(
     own = dict(request.template_kwargs or {})
     if {**template_kwargs, **own}.get("continue_final_message"):
         return None  # the generation continues the prompt's last message: no turn of its own
-    try:
+
+    def rendered(turn: dict[str, Any]) -> str:
         conversation = render_chat(
             tokenizer,
-            [*request.messages, request.output_turn],
+            [*request.messages, turn],
             request.tools,
             template_kwargs,
             request.timestamp_ms,
             {**own, "add_generation_prompt": False},
         )
-        check_rendered(conversation, len(request.line), max_record_bytes)
+        return check_rendered(conversation, len(request.line), max_record_bytes)
+
+    reasoning = request.output_turn.get("reasoning_content")
+    try:
+        conversation = rendered(request.output_turn)
+        # Dropped where the template renders the turn the same without it (DeepSeek-R1's).
+        dropped = bool(reasoning) and conversation == rendered(
+            without_reasoning(request.output_turn)
+        )
     except Rejected:
         return None
     eos = getattr(tokenizer, "special_tokens_map", {}).get("eos_token")
     conversation = through_end_of_turn(conversation, eos, request.output_stopped)
-    reasoning = request.output_turn.get("reasoning_content")
-    if not reasoning:
-        return Turn(conversation, None)
-    # Looked for past the prompt, without its ends, which a template may strip (Qwen3's does).
-    shown = reasoning.strip() in conversation[common_prefix(prompt, conversation) :]
-    if shown:
+    if not dropped:
         return Turn(conversation, None)
     return Turn(conversation, reasoning + (reasoning_marker(tokenizer, template_kwargs) or ""))
+
+
+def without_reasoning(turn: dict[str, Any]) -> dict[str, Any]:
+    """The turn without its reasoning, under either name a message carries it by."""
+    return {name: value for name, value in turn.items() if name not in REASONING_NAMES}
+
+
+REASONING_NAMES = frozenset({"reasoning", "reasoning_content"})
 
 
 def reasoning_marker(tokenizer: Any, template_kwargs: dict[str, Any]) -> str | None:

@@ -111,6 +111,16 @@ def test_a_deepseek_r1_reasoning_turn_counts_the_reasoning_its_template_leaves_o
     assert length > _count(deepseek_tokenizer, reasoning + "At noon.") + 1
 
 
+def test_a_dropped_reasoning_its_content_repeats_is_counted(deepseek_tokenizer):
+    # Whether the template dropped the reasoning is told by rendering the turn without it, not
+    # by looking for its text, which the content may hold too.
+    (length,) = _lengths(
+        deepseek_tokenizer, _chat({"content": "Kyoto: at noon.", "reasoning_content": "Kyoto"})
+    )
+    turn = _count(deepseek_tokenizer, "Kyoto: at noon.<｜end▁of▁sentence｜>")
+    assert length == turn + _count(deepseek_tokenizer, "Kyoto</think>")
+
+
 def test_the_reasoning_marker_is_the_token_the_template_splits_content_on(
     deepseek_tokenizer, qwen3_tokenizer
 ):
