@@ -746,6 +746,11 @@ def request_fields(record: dict[str, Any], body: dict[str, Any]) -> dict[str, An
 # The template variable a reasoning effort turns thinking on or off by, unless the request's
 # chat_template_kwargs name it: on for any effort but "none".
 ENABLE_THINKING = "enable_thinking"
+# The reasoning efforts each API's request model takes (Chat Completions' reasoning_effort and
+# Responses' reasoning.effort alike; Anthropic's output_config.effort has no "none" nor
+# "minimal"): the engine refuses any other.
+REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
+ANTHROPIC_EFFORTS = REASONING_EFFORTS - {"none", "minimal"}
 # A Responses input item the engine continues rather than closing it and opening a new turn:
 # its last item, a message or reasoning item, of one of these statuses.
 CONTINUED_ITEMS = frozenset({"message", "reasoning"})
@@ -777,7 +782,7 @@ def chat_completions_settings(body: dict[str, Any]) -> dict[str, Any]:
         raise Rejected(
             "invalid_request", "add_generation_prompt and continue_final_message both true"
         )
-    return _with_effort(settings, body.get("reasoning_effort"), body)
+    return _with_effort(settings, body.get("reasoning_effort"), REASONING_EFFORTS, body)
 
 
 def responses_settings(body: dict[str, Any]) -> dict[str, Any]:
@@ -800,7 +805,7 @@ def responses_settings(body: dict[str, Any]) -> dict[str, Any]:
         "add_generation_prompt": not continued,
         "continue_final_message": continued,
     }
-    return _with_effort(settings, effort, body)
+    return _with_effort(settings, effort, REASONING_EFFORTS, body)
 
 
 def anthropic_settings(body: dict[str, Any]) -> dict[str, Any]:
@@ -820,17 +825,25 @@ def anthropic_settings(body: dict[str, Any]) -> dict[str, Any]:
             "the log does not say",
         )
     settings = own_kwargs(body) | CHAT_DEFAULTS
-    return _with_effort(settings, config.get("effort") if config is not None else None, body)
+    effort = config.get("effort") if config is not None else None
+    return _with_effort(settings, effort, ANTHROPIC_EFFORTS, body)
 
 
-def _with_effort(settings: dict[str, Any], effort: Any, body: dict[str, Any]) -> dict[str, Any]:
-    """Settings with a request's reasoning effort (null: none): the template variable
-    reasoning_effort, and enable_thinking on for any effort but "none" unless the request's
-    chat_template_kwargs name it (ENABLE_THINKING)."""
+def _with_effort(
+    settings: dict[str, Any], effort: Any, efforts: frozenset[str], body: dict[str, Any]
+) -> dict[str, Any]:
+    """Settings with a request's reasoning effort (null: none), one of the API's `efforts`: the
+    template variable reasoning_effort, and enable_thinking on for any effort but "none" unless
+    the request's chat_template_kwargs name it (ENABLE_THINKING)."""
     if effort is None:
         return settings
     if not isinstance(effort, str):
         raise Rejected("wrong_type", f"reasoning effort is a {type(effort).__name__}, no str")
+    if effort not in efforts:
+        raise Rejected(
+            "invalid_request",
+            f"reasoning effort {effort[:32]!r}: the API takes {', '.join(sorted(efforts))}",
+        )
     kwargs = body.get("chat_template_kwargs")
     settings = {**settings, "reasoning_effort": effort}
     if not (isinstance(kwargs, dict) and kwargs.get(ENABLE_THINKING) is not None):

@@ -11,6 +11,8 @@ import pytest
 
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.chat import (
+    ANTHROPIC_EFFORTS,
+    REASONING_EFFORTS,
     TEMPLATE_FIELDS,
     anthropic_settings,
     chat_completions_settings,
@@ -89,8 +91,26 @@ def test_a_reasoning_effort_turns_thinking_on_unless_none(effort, thinking):
     assert (chat["reasoning_effort"], chat["enable_thinking"]) == (effort, thinking)
     responses = responses_settings({"input": "hi", "reasoning": {"effort": effort}})
     assert (responses["reasoning_effort"], responses["enable_thinking"]) == (effort, thinking)
-    anthropic = anthropic_settings({"messages": MESSAGES, "output_config": {"effort": effort}})
-    assert (anthropic["reasoning_effort"], anthropic["enable_thinking"]) == (effort, thinking)
+    if effort in ANTHROPIC_EFFORTS:
+        anthropic = anthropic_settings({"messages": MESSAGES, "output_config": {"effort": effort}})
+        assert (anthropic["reasoning_effort"], anthropic["enable_thinking"]) == (effort, thinking)
+
+
+@pytest.mark.parametrize("effort", ["banana", "auto", "None", "minimal", "none"])
+def test_an_effort_the_apis_model_does_not_take_is_a_letter(effort):
+    """Each API's efforts as its request model declares them; the engine refuses any other."""
+    anthropic = {"messages": MESSAGES, "output_config": {"effort": effort}}
+    assert _reason(anthropic, anthropic_settings) == "invalid_request"
+    for body, settings in (
+        ({"reasoning_effort": effort}, chat_completions_settings),
+        ({"input": "hi", "reasoning": {"effort": effort}}, responses_settings),
+    ):
+        if effort in REASONING_EFFORTS:
+            assert settings(body)["reasoning_effort"] == effort
+        else:
+            assert _reason(body, settings) == "invalid_request"
+    assert REASONING_EFFORTS == ANTHROPIC_EFFORTS | {"none", "minimal"}
+    assert {"low", "medium", "high", "xhigh", "max"} == ANTHROPIC_EFFORTS
 
 
 def test_the_requests_own_enable_thinking_wins_over_its_effort():
