@@ -846,22 +846,28 @@ def _with_effort(
         )
     kwargs = body.get("chat_template_kwargs")
     settings = {**settings, "reasoning_effort": effort}
-    if not (isinstance(kwargs, dict) and kwargs.get(ENABLE_THINKING) is not None):
+    # Named at all, even unset (UNSET_KWARGS): the engine then leaves it to its server.
+    if not (isinstance(kwargs, dict) and ENABLE_THINKING in kwargs):
         settings[ENABLE_THINKING] = effort != "none"
     return settings
+
+
+# The kwarg values the engine reads as unset, merging a request's kwargs over its server's.
+UNSET_KWARGS = (None, "auto")
 
 
 def own_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """A request's chat_template_kwargs, checked: of a bounded number of names, none of them
     apply_chat_template's own arguments nor a template, those TEMPLATE_FIELDS name of its type.
-    A null kwarg reads as unset, as a Parquet row (which cannot tell null from absent) reads
-    it; a null inside a kwarg's value is the template's."""
+    A kwarg the engine reads as unset (UNSET_KWARGS) is left out (a null one also as a Parquet
+    row, which cannot tell null from absent, reads it); a null inside a kwarg's value is the
+    template's."""
     own = body.get("chat_template_kwargs")
     if own is None:
         return {}
     if not isinstance(own, dict):
         raise Rejected("wrong_type", f"chat_template_kwargs is a {type(own).__name__}")
-    own = {name: value for name, value in own.items() if value is not None}
+    own = {name: value for name, value in own.items() if value not in UNSET_KWARGS}
     if len(own) > MAX_TEMPLATE_KWARGS:
         raise Rejected("too_large", f"{len(own)} chat_template_kwargs, over {MAX_TEMPLATE_KWARGS}")
     if own.get("chat_template") is not None:

@@ -120,6 +120,18 @@ def test_the_requests_own_enable_thinking_wins_over_its_effort():
     assert responses_settings(body)["enable_thinking"] is True
 
 
+@pytest.mark.parametrize("unset", [None, "auto"])
+def test_a_kwarg_the_engine_reads_as_unset_is_left_to_the_run(unset):
+    """None and "auto" are unset kwargs: the run's value stands; named at all, enable_thinking
+    is the server's too, whatever the request's effort."""
+    own = {"chat_template_kwargs": {"enable_thinking": unset, "documents": unset}}
+    assert template_settings(own) == DEFAULTS
+    settings = template_settings({**own, "reasoning_effort": "low"})
+    assert settings == DEFAULTS | {"reasoning_effort": "low"}
+    body = {**own, "input": "hi", "reasoning": {"effort": "none"}}
+    assert "enable_thinking" not in responses_settings(body)
+
+
 def test_a_kwarg_reasoning_effort_alone_leaves_thinking_to_the_template():
     assert "enable_thinking" not in template_settings(
         {"chat_template_kwargs": {"reasoning_effort": "none"}}
