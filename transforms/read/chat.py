@@ -858,7 +858,8 @@ UNSET_KWARGS = (None, "auto")
 
 def own_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """A request's chat_template_kwargs, checked: of a bounded number of names, none of them
-    apply_chat_template's own arguments nor a template, those TEMPLATE_FIELDS name of its type.
+    apply_chat_template's own arguments nor a template, those TEMPLATE_FIELDS name of its type
+    where they reach the template.
     A kwarg the engine reads as unset (UNSET_KWARGS) is left out (a null one also as a Parquet
     row, which cannot tell null from absent, reads it); a null inside a kwarg's value is the
     template's."""
@@ -875,6 +876,8 @@ def own_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     if reserved := sorted(RENDER_ARGUMENTS.intersection(own)):
         raise Rejected("invalid_request", f"chat_template_kwargs sets {reserved[0][:64]!r}")
     for name, kind in TEMPLATE_FIELDS.items():
-        if own.get(name) is not None and not isinstance(own[name], kind):
+        # Only those that reach the template: every API's settings set the generation prompt's
+        # two (CHAT_DEFAULTS' names) over the kwargs, whatever these hold.
+        if name not in CHAT_DEFAULTS and name in own and not isinstance(own[name], kind):
             raise Rejected("wrong_type", f"chat_template_kwargs {name} is no {kind.__name__}")
     return own

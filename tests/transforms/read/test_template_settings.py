@@ -75,7 +75,18 @@ def test_a_top_level_reasoning_effort_overrides_the_kwarg():
 def test_a_wrong_type_is_a_letter(name):
     wrong = "yes" if TEMPLATE_FIELDS[name] is not str else 1
     assert _reason({name: wrong}) == "wrong_type"
-    assert _reason({"chat_template_kwargs": {name: wrong}}) == "wrong_type"
+    if name not in DEFAULTS:
+        assert _reason({"chat_template_kwargs": {name: wrong}}) == "wrong_type"
+
+
+@pytest.mark.parametrize("settings", [chat_completions_settings, anthropic_settings])
+@pytest.mark.parametrize("name", sorted(DEFAULTS))
+def test_a_kwarg_every_api_overrides_is_never_checked(name, settings):
+    """The generation prompt's two kwargs never reach the template: whatever they hold, the
+    request is served with its API's values."""
+    body = {"messages": MESSAGES, "chat_template_kwargs": {name: "yes"}}
+    assert settings(body)[name] == DEFAULTS[name]
+    assert responses_settings({"input": "hi", **body})[name] == DEFAULTS[name]
 
 
 def test_the_request_kwargs_are_template_variables_of_any_name():
@@ -208,10 +219,6 @@ def test_a_requests_own_template_is_untrusted(body):
         ({"continue_final_message": True}, "invalid_request"),  # add_generation_prompt: true
         ({"documents": ["a"]}, "wrong_type"),
         ({"documents": [{"text": 1}]}, "wrong_type"),
-        (
-            {"add_generation_prompt": True, "chat_template_kwargs": {"add_generation_prompt": 0}},
-            "wrong_type",
-        ),
     ],
 )
 def test_what_the_engine_refuses_is_a_letter(body, reason):
