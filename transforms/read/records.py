@@ -545,9 +545,9 @@ def _request(
     _check_finished(logged)
     _check_unaltered(body, line)
     sent = chat.request_fields(record, body)
-    _check_one_sequence(sent, response)
     fields: dict[str, Any] = {"kind": kind}
     api = _request_api(kind, body, sent.get("tools"))
+    _check_one_sequence(sent, API_FIELDS[api], response)
     budget = ContainerBudget(containers)  # what the decoded bodies left
     if kind == "chat":
         fields["messages"], fields["tools"] = _chat(
@@ -878,7 +878,7 @@ _TOKENIZING: dict[str, FieldReader] = {
     "add_special_tokens": _special_tokens,
     CACHE_SALT: _cache_salt,
 }
-# Read by _check_one_sequence, for every API alike: a trace row holds one sequence.
+# Read by _check_one_sequence, where an API declares them: a trace row holds one sequence.
 _SEQUENCES = frozenset((*MANY_SEQUENCES, ECHO))
 
 
@@ -1007,19 +1007,20 @@ def _api_fields(
     return fields
 
 
-def _check_one_sequence(sent: dict[str, Any], response: dict | list | None) -> None:
+def _check_one_sequence(sent: dict[str, Any], api: ApiFields, response: dict | list | None) -> None:
     """Refuse a request whose engine generates other than one sequence, the prompt not echoed:
-    by the request's fields as the engine received them (chat.request_fields), and by the
-    response's own evidence, which holds however the request was logged."""
+    by the request's fields as the engine received them (chat.request_fields), those its API
+    declares (an undeclared one the engine ignores), and by the response's own evidence, which
+    holds however the request was logged."""
     for name in MANY_SEQUENCES:
-        value = sent.get(name)
+        value = sent.get(name) if name in api.reads else None
         if _asked_number(value) > 1:
             raise Rejected(
                 "unsupported_request",
                 f"{name} {str(value)[:32]}: more than one sequence generated, and a trace row "
                 "holds one",
             )
-    if sent.get(ECHO) is True:
+    if ECHO in api.reads and sent.get(ECHO) is True:
         raise Rejected(
             "unsupported_request",
             f"{ECHO} true: the prompt sent back with what was generated, which a trace row "
