@@ -8,9 +8,10 @@ messages and the assistant message the response holds (chat.generated_turn) rend
 generation prompt, tokenized through the same segment-cached call as the prompt, and the tokens
 past the prompt (rendered with its generation prompt, what the prompt tokens already are) are
 the turn's. docs/ANONYMIZE.md says the rule and its cases:
-- the end-of-turn token the template writes after the turn counts (the engine generated it as
-  its stop token), the whitespace the template writes after it does not; a sequence cut at its
-  length generated no end-of-turn token;
+- the end-of-turn token the template writes after the turn counts where the sequence stopped
+  (the engine generated it as its stop token), the whitespace the template writes after it
+  does not; a sequence that did not (cut at its length, aborted, not said) generated nothing
+  past its text: no end-of-turn token, nor, cut in its reasoning, the markup closing it;
 - a template that rewrites what the prompt rendered (the conversation's tokens no extension of
   the prompt's): the turn is what the conversation renders past the tokens the two share;
 - a template that leaves the turn's reasoning out (renders the turn the same without it): the
@@ -75,20 +76,37 @@ def render_turn(
         )
         return check_rendered(conversation, len(request.line), max_record_bytes)
 
-    reasoning = request.output_turn.get("reasoning_content")
+    turn = request.output_turn
+    reasoning = turn.get("reasoning_content")
     try:
-        conversation = rendered(request.output_turn)
-        # Dropped where the template renders the turn the same without it (DeepSeek-R1's).
-        dropped = bool(reasoning) and conversation == rendered(
-            without_reasoning(request.output_turn)
-        )
+        conversation = rendered(turn)
+        without = rendered(without_reasoning(turn)) if reasoning else conversation
     except Rejected:
         return None
-    eos = getattr(tokenizer, "special_tokens_map", {}).get("eos_token")
-    conversation = through_end_of_turn(conversation, eos, request.output_stopped)
+    # Dropped where the template renders the turn the same without it (DeepSeek-R1's).
+    dropped = bool(reasoning) and conversation == without
+    # A sequence that did not stop (cut at its length, aborted, not said) generated nothing past
+    # its text: cut in its reasoning, none of the markup the template closes it with.
+    in_reasoning = request.output_stopped is not True and not (
+        turn.get("content") or turn.get("tool_calls")
+    )
+    if in_reasoning and reasoning and not dropped:
+        conversation = conversation[: reasoning_end(conversation, without)]
+    else:
+        eos = getattr(tokenizer, "special_tokens_map", {}).get("eos_token")
+        conversation = through_end_of_turn(conversation, eos, request.output_stopped)
     if not dropped:
         return Turn(conversation, None)
-    return Turn(conversation, reasoning + (reasoning_marker(tokenizer, template_kwargs) or ""))
+    marker = None if in_reasoning else reasoning_marker(tokenizer, template_kwargs)
+    return Turn(conversation, reasoning + (marker or ""))
+
+
+def reasoning_end(conversation: str, without: str) -> int:
+    """Where the reasoning ends in a conversation that renders it (`without`: the same turn
+    rendered without it): past the text the two share at their end, after the prefix they
+    share (so the two never overlap)."""
+    start = common_prefix(conversation, without)
+    return len(conversation) - common_prefix(conversation[start:][::-1], without[start:][::-1])
 
 
 def without_reasoning(turn: dict[str, Any]) -> dict[str, Any]:
@@ -146,12 +164,13 @@ _MARKERS: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = weakref.WeakKe
 
 def through_end_of_turn(conversation: str, eos: str | None, stopped: bool | None) -> str:
     """The conversation through the end-of-turn token that ends it (the whitespace a template
-    writes after it never generated), or before it for a sequence cut at its length (stopped
-    False); as it is where it does not end in that token."""
+    writes after it never generated) where the sequence stopped (stopped True), else before it
+    (cut at its length, aborted, or not said: as the text's floor counts none); as it is where
+    it does not end in that token."""
     at = conversation.rfind(eos) if eos else -1
     if at < 0 or conversation[at + len(eos or "") :].strip():
         return conversation
-    return conversation[:at] if stopped is False else conversation[: at + len(eos or "")]
+    return conversation[: at + len(eos or "")] if stopped else conversation[:at]
 
 
 def common_prefix(first: str, second: str) -> int:

@@ -87,6 +87,26 @@ def test_a_qwen3_plain_turn_counts_its_end_of_turn_unless_cut_at_its_length(qwen
     assert cut == stopped - 1
 
 
+@pytest.mark.parametrize("finish", ["length", "abort", None])
+def test_a_turn_that_did_not_stop_counts_no_end_of_turn(qwen3_tokenizer, finish):
+    (length,) = _lengths(qwen3_tokenizer, _chat({"content": "At noon."}, finish))
+    assert length == _count(qwen3_tokenizer, "<think>\n\n</think>\n\nAt noon.")
+
+
+def test_a_turn_cut_in_its_reasoning_counts_no_markup_closing_it(
+    qwen3_tokenizer, deepseek_tokenizer
+):
+    reasoning = "Kyoto has no sea; its nearest port is Maizuru."
+    cut = _chat({"content": "", "reasoning_content": reasoning}, "length")
+    assert _lengths(qwen3_tokenizer, cut) == [_count(qwen3_tokenizer, f"<think>\n{reasoning}")]
+    # DeepSeek-R1's template drops the reasoning: its own tokens, no `</think>` ending it.
+    assert _lengths(deepseek_tokenizer, cut) == [_count(deepseek_tokenizer, reasoning)]
+    stopped = _chat({"content": "", "reasoning_content": reasoning})
+    assert _lengths(deepseek_tokenizer, stopped) == [
+        _count(deepseek_tokenizer, f"{reasoning}</think><｜end▁of▁sentence｜>")
+    ]
+
+
 def test_a_qwen3_reasoning_turn_counts_its_reasoning_once_as_the_template_writes_it(
     qwen3_tokenizer,
 ):
@@ -192,7 +212,7 @@ def test_a_template_that_rewrites_the_prompt_never_counts_less_than_the_text():
 
 def test_the_turn_ends_at_its_end_of_turn_token():
     assert through_end_of_turn("p<t>a</s>\n", "</s>", True) == "p<t>a</s>"
-    assert through_end_of_turn("p<t>a</s>\n", "</s>", None) == "p<t>a</s>"
+    assert through_end_of_turn("p<t>a</s>\n", "</s>", None) == "p<t>a"  # not said: none
     assert through_end_of_turn("p<t>a</s>\n", "</s>", False) == "p<t>a"
     assert through_end_of_turn("p<t>a</s>x", "</s>", True) == "p<t>a</s>x"  # not its end
     assert through_end_of_turn("p<t>a", None, True) == "p<t>a"
