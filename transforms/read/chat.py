@@ -569,17 +569,20 @@ def ended_at_stop(response: Any) -> bool | None:
     """Whether the first sequence ended at a stop (its end-of-sequence or a stop token or
     string, which the engine generated and counts), or was cut at its length (nothing after
     its text); None when the response does not say. The last reason given wins (a stream's
-    final chunk)."""
+    final chunk). Read by shape, as the generation is (_generated_pieces): a first sequence's
+    finish_reason, else an Anthropic message's stop_reason, else a Responses status, so a
+    stream's condensed read (streamed.condensed, by its choices) and its whole read agree."""
     ended = None
     for chunk in response if isinstance(response, list) else [response]:
         if not isinstance(chunk, dict):
             continue
         choice = _first_sequence(chunk.get("choices"))
-        reason = choice.get("finish_reason") if choice is not None else None
-        if chunk.get("type") == "message":  # Anthropic
+        if choice is not None:
+            reason = choice.get("finish_reason")
+        elif chunk.get("type") == "message":  # Anthropic
             reason = chunk.get("stop_reason")
-        elif chunk.get("object") == "response":  # Responses
-            reason = chunk.get("status")
+        else:
+            reason = chunk.get("status") if chunk.get("object") == "response" else None
         if isinstance(reason, str) and reason in STOP_REASONS:
             ended = STOP_REASONS[reason]
     return ended
