@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtrace.transforms.encode.blocks import TOKEN_DTYPE
+from kvtrace.transforms.encode.blocks import TOKEN_DTYPE, shared_length
 from kvtrace.transforms.encode.tokenize import check_rendered, render_chat
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.records import Request
@@ -207,7 +207,4 @@ def generated_length(
 
 def _shared_tokens(first: bytes, second: bytes) -> int:
     """How many leading tokens two token_bytes share."""
-    a, b = np.frombuffer(first, TOKEN_DTYPE), np.frombuffer(second, TOKEN_DTYPE)
-    size = min(len(a), len(b))
-    differ = np.flatnonzero(a[:size] != b[:size])
-    return int(differ[0]) if differ.size else size
+    return shared_length(np.frombuffer(first, TOKEN_DTYPE), np.frombuffer(second, TOKEN_DTYPE))
