@@ -63,6 +63,13 @@ def salt_fingerprint(salt: bytes) -> str:
     return hashlib.sha256(b"kvtrace-salt-fingerprint\0" + salt).hexdigest()[:16]
 
 
+def shared_length(first: np.ndarray, second: np.ndarray) -> int:
+    """How many leading elements two arrays share (token ids, block ids)."""
+    size = min(len(first), len(second))
+    differ = np.flatnonzero(first[:size] != second[:size])
+    return int(differ[0]) if differ.size else size
+
+
 def token_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
     """Token ids as fixed-width little-endian bytes: what blocks are cut from and hashed."""
     if isinstance(token_ids, np.ndarray):

@@ -8,25 +8,28 @@ messages and the assistant message the response holds (chat.generated_turn) rend
 generation prompt, tokenized through the same segment-cached call as the prompt, and the tokens
 past the prompt (rendered with its generation prompt, what the prompt tokens already are) are
 the turn's. docs/ANONYMIZE.md says the rule and its cases:
-- the end-of-turn token the template writes after the turn counts (the engine generated it as
-  its stop token), the whitespace the template writes after it does not; a sequence cut at its
-  length generated no end-of-turn token;
+- the end-of-turn token the template writes after the turn counts where the sequence stopped
+  (the engine generated it as its stop token), the whitespace the template writes after it
+  does not; a sequence that did not (cut at its length, aborted, not said) generated nothing
+  past its text: no end-of-turn token, nor, cut in its reasoning, the markup closing it;
 - a template that rewrites what the prompt rendered (the conversation's tokens no extension of
   the prompt's): the turn is what the conversation renders past the tokens the two share;
-- a template that leaves the turn's reasoning out: the reasoning's own tokens are added (the
-  engine generated them);
+- a template that leaves the turn's reasoning out (renders the turn the same without it): the
+  reasoning's own tokens are added, with the added token that ended it (reasoning_marker: the
+  engine generated both);
 - whatever the turn counts, the output is never shorter than the text's own tokens and the stop
   token the response says it ended at (the count without a template: the completions API).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from kvtrace.transforms.encode.blocks import TOKEN_DTYPE
+from kvtrace.transforms.encode.blocks import TOKEN_DTYPE, shared_length
 from kvtrace.transforms.encode.tokenize import check_rendered, render_chat
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.records import Request
@@ -61,36 +64,113 @@ def render_turn(
     own = dict(request.template_kwargs or {})
     if {**template_kwargs, **own}.get("continue_final_message"):
         return None  # the generation continues the prompt's last message: no turn of its own
-    try:
+
+    def rendered(turn: dict[str, Any]) -> str:
         conversation = render_chat(
             tokenizer,
-            [*request.messages, request.output_turn],
+            [*request.messages, turn],
             request.tools,
             template_kwargs,
             request.timestamp_ms,
             {**own, "add_generation_prompt": False},
         )
-        check_rendered(conversation, len(request.line), max_record_bytes)
+        return check_rendered(conversation, len(request.line), max_record_bytes)
+
+    turn = request.output_turn
+    reasoning = turn.get("reasoning_content")
+    try:
+        conversation = rendered(turn)
+        without = rendered(without_reasoning(turn)) if reasoning else conversation
     except Rejected:
         return None
-    eos = getattr(tokenizer, "special_tokens_map", {}).get("eos_token")
-    conversation = through_end_of_turn(conversation, eos, request.output_stopped)
-    reasoning = request.output_turn.get("reasoning_content")
-    if not reasoning:
+    # Dropped where the template renders the turn the same without it (DeepSeek-R1's).
+    dropped = bool(reasoning) and conversation == without
+    # A sequence that did not stop (cut at its length, aborted, not said) generated nothing past
+    # its text: cut in its reasoning, none of the markup the template closes it with.
+    in_reasoning = request.output_stopped is not True and not (
+        turn.get("content") or turn.get("tool_calls")
+    )
+    if in_reasoning and reasoning and not dropped:
+        conversation = conversation[: reasoning_end(conversation, without)]
+    else:
+        eos = getattr(tokenizer, "special_tokens_map", {}).get("eos_token")
+        conversation = through_end_of_turn(conversation, eos, request.output_stopped)
+    if not dropped:
         return Turn(conversation, None)
-    # Looked for past the prompt, without its ends, which a template may strip (Qwen3's does).
-    shown = reasoning.strip() in conversation[common_prefix(prompt, conversation) :]
-    return Turn(conversation, None if shown else reasoning)
+    marker = None if in_reasoning else reasoning_marker(tokenizer, template_kwargs)
+    return Turn(conversation, reasoning + (marker or ""))
+
+
+def reasoning_end(conversation: str, without: str) -> int:
+    """Where the reasoning ends in a conversation that renders it (`without`: the same turn
+    rendered without it): past the text the two share at their end, after the prefix they
+    share (so the two never overlap)."""
+    start = common_prefix(conversation, without)
+    return len(conversation) - common_prefix(conversation[start:][::-1], without[start:][::-1])
+
+
+def without_reasoning(turn: dict[str, Any]) -> dict[str, Any]:
+    """The turn without its reasoning, under either name a message carries it by."""
+    return {name: value for name, value in turn.items() if name not in REASONING_NAMES}
+
+
+REASONING_NAMES = frozenset({"reasoning", "reasoning_content"})
+
+
+def reasoning_marker(tokenizer: Any, template_kwargs: dict[str, Any]) -> str | None:
+    """The added token a template splits an assistant turn's content on, rendering only what
+    follows it: the end of the reasoning the model generated (DeepSeek-R1's `</think>`), where
+    the engine's parser cut the reasoning from the content, and which the template drops with
+    the reasoning. Found by rendering, once per tokenizer and run's template variables: the
+    first added token the template's source names whose turn `x<token>y` renders as the turn
+    `y` (and `xy` does not); None where none does."""
+    found = _MARKERS.get(tokenizer)
+    if found is None:
+        found = _MARKERS.setdefault(tokenizer, {})
+    key = repr(sorted(template_kwargs.items()))
+    if key not in found:
+        found[key] = _find_marker(tokenizer, template_kwargs)
+    return found[key]
+
+
+def _find_marker(tokenizer: Any, template_kwargs: dict[str, Any]) -> str | None:
+    templates = tokenizer.chat_template
+    source = "".join(templates.values()) if isinstance(templates, dict) else templates or ""
+    added = tokenizer.backend_tokenizer.get_added_tokens_decoder()
+
+    def rendered(content: str) -> str | None:
+        turn = [_PROBE_QUESTION, {"role": "assistant", "content": content}]
+        try:
+            return render_chat(
+                tokenizer, turn, None, template_kwargs, 0, {"add_generation_prompt": False}
+            )
+        except Rejected:
+            return None
+
+    after = rendered("y")
+    if after is None or rendered("xy") == after:
+        return None  # the template renders no content to split
+    for _, token in sorted(added.items()):
+        if token.content and token.content in source and rendered(f"x{token.content}y") == after:
+            return token.content
+    return None
+
+
+_PROBE_QUESTION = {"role": "user", "content": "kvtrace probe"}
+# Per tokenizer (a process may hold several), forgotten with it: per run's template variables,
+# its reasoning marker.
+_MARKERS: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = weakref.WeakKeyDictionary()
 
 
 def through_end_of_turn(conversation: str, eos: str | None, stopped: bool | None) -> str:
     """The conversation through the end-of-turn token that ends it (the whitespace a template
-    writes after it never generated), or before it for a sequence cut at its length (stopped
-    False); as it is where it does not end in that token."""
+    writes after it never generated) where the sequence stopped (stopped True), else before it
+    (cut at its length, aborted, or not said: as the text's floor counts none); as it is where
+    it does not end in that token."""
     at = conversation.rfind(eos) if eos else -1
     if at < 0 or conversation[at + len(eos or "") :].strip():
         return conversation
-    return conversation[:at] if stopped is False else conversation[: at + len(eos or "")]
+    return conversation[: at + len(eos or "")] if stopped else conversation[:at]
 
 
 def common_prefix(first: str, second: str) -> int:
@@ -127,7 +207,4 @@ def generated_length(
 
 def _shared_tokens(first: bytes, second: bytes) -> int:
     """How many leading tokens two token_bytes share."""
-    a, b = np.frombuffer(first, TOKEN_DTYPE), np.frombuffer(second, TOKEN_DTYPE)
-    size = min(len(a), len(b))
-    differ = np.flatnonzero(a[:size] != b[:size])
-    return int(differ[0]) if differ.size else size
+    return shared_length(np.frombuffer(first, TOKEN_DTYPE), np.frombuffer(second, TOKEN_DTYPE))

@@ -661,17 +661,20 @@ def ended_at_stop(response: Any) -> bool | None:
     """Whether the first sequence ended at a stop (its end-of-sequence or a stop token or
     string, which the engine generated and counts), or was cut at its length (nothing after
     its text); None when the response does not say. The last reason given wins (a stream's
-    final chunk)."""
+    final chunk). Read by shape, as the generation is (_generated_pieces): a first sequence's
+    finish_reason, else an Anthropic message's stop_reason, else a Responses status, so a
+    stream's condensed read (streamed.condensed, by its choices) and its whole read agree."""
     ended = None
     for chunk in response if isinstance(response, list) else [response]:
         if not isinstance(chunk, dict):
             continue
         choice = _first_sequence(chunk.get("choices"))
-        reason = choice.get("finish_reason") if choice is not None else None
-        if chunk.get("type") == "message":  # Anthropic
+        if choice is not None:
+            reason = choice.get("finish_reason")
+        elif chunk.get("type") == "message":  # Anthropic
             reason = chunk.get("stop_reason")
-        elif chunk.get("object") == "response":  # Responses
-            reason = chunk.get("status")
+        else:
+            reason = chunk.get("status") if chunk.get("object") == "response" else None
         if isinstance(reason, str) and reason in STOP_REASONS:
             ended = STOP_REASONS[reason]
     return ended
@@ -838,6 +841,11 @@ def request_fields(record: dict[str, Any], body: dict[str, Any]) -> dict[str, An
 # The template variable a reasoning effort turns thinking on or off by, unless the request's
 # chat_template_kwargs name it: on for any effort but "none".
 ENABLE_THINKING = "enable_thinking"
+# The reasoning efforts each API's request model takes (Chat Completions' reasoning_effort and
+# Responses' reasoning.effort alike; Anthropic's output_config.effort has no "none" nor
+# "minimal"): the engine refuses any other.
+REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
+ANTHROPIC_EFFORTS = REASONING_EFFORTS - {"none", "minimal"}
 # A Responses input item the engine continues rather than closing it and opening a new turn:
 # its last item, a message or reasoning item, of one of these statuses.
 CONTINUED_ITEMS = frozenset({"message", "reasoning"})
@@ -869,7 +877,7 @@ def chat_completions_settings(body: dict[str, Any]) -> dict[str, Any]:
         raise Rejected(
             "invalid_request", "add_generation_prompt and continue_final_message both true"
         )
-    return _with_effort(settings, body.get("reasoning_effort"), body)
+    return _with_effort(settings, body.get("reasoning_effort"), REASONING_EFFORTS, body)
 
 
 def responses_settings(body: dict[str, Any]) -> dict[str, Any]:
@@ -892,7 +900,7 @@ def responses_settings(body: dict[str, Any]) -> dict[str, Any]:
         "add_generation_prompt": not continued,
         "continue_final_message": continued,
     }
-    return _with_effort(settings, effort, body)
+    return _with_effort(settings, effort, REASONING_EFFORTS, body)
 
 
 def anthropic_settings(body: dict[str, Any]) -> dict[str, Any]:
@@ -912,35 +920,50 @@ def anthropic_settings(body: dict[str, Any]) -> dict[str, Any]:
             "the log does not say",
         )
     settings = own_kwargs(body) | CHAT_DEFAULTS
-    return _with_effort(settings, config.get("effort") if config is not None else None, body)
+    effort = config.get("effort") if config is not None else None
+    return _with_effort(settings, effort, ANTHROPIC_EFFORTS, body)
 
 
-def _with_effort(settings: dict[str, Any], effort: Any, body: dict[str, Any]) -> dict[str, Any]:
-    """Settings with a request's reasoning effort (null: none): the template variable
-    reasoning_effort, and enable_thinking on for any effort but "none" unless the request's
-    chat_template_kwargs name it (ENABLE_THINKING)."""
+def _with_effort(
+    settings: dict[str, Any], effort: Any, efforts: frozenset[str], body: dict[str, Any]
+) -> dict[str, Any]:
+    """Settings with a request's reasoning effort (null: none), one of the API's `efforts`: the
+    template variable reasoning_effort, and enable_thinking on for any effort but "none" unless
+    the request's chat_template_kwargs name it (ENABLE_THINKING)."""
     if effort is None:
         return settings
     if not isinstance(effort, str):
         raise Rejected("wrong_type", f"reasoning effort is a {type(effort).__name__}, no str")
+    if effort not in efforts:
+        raise Rejected(
+            "invalid_request",
+            f"reasoning effort {effort[:32]!r}: the API takes {', '.join(sorted(efforts))}",
+        )
     kwargs = body.get("chat_template_kwargs")
     settings = {**settings, "reasoning_effort": effort}
-    if not (isinstance(kwargs, dict) and kwargs.get(ENABLE_THINKING) is not None):
+    # Named at all, even unset (UNSET_KWARGS): the engine then leaves it to its server.
+    if not (isinstance(kwargs, dict) and ENABLE_THINKING in kwargs):
         settings[ENABLE_THINKING] = effort != "none"
     return settings
 
 
+# The kwarg values the engine reads as unset, merging a request's kwargs over its server's.
+UNSET_KWARGS = (None, "auto")
+
+
 def own_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """A request's chat_template_kwargs, checked: of a bounded number of names, none of them
-    apply_chat_template's own arguments nor a template, those TEMPLATE_FIELDS name of its type.
-    A null kwarg reads as unset, as a Parquet row (which cannot tell null from absent) reads
-    it; a null inside a kwarg's value is the template's."""
+    apply_chat_template's own arguments nor a template, those TEMPLATE_FIELDS name of its type
+    where they reach the template.
+    A kwarg the engine reads as unset (UNSET_KWARGS) is left out (a null one also as a Parquet
+    row, which cannot tell null from absent, reads it); a null inside a kwarg's value is the
+    template's."""
     own = body.get("chat_template_kwargs")
     if own is None:
         return {}
     if not isinstance(own, dict):
         raise Rejected("wrong_type", f"chat_template_kwargs is a {type(own).__name__}")
-    own = {name: value for name, value in own.items() if value is not None}
+    own = {name: value for name, value in own.items() if value not in UNSET_KWARGS}
     if len(own) > MAX_TEMPLATE_KWARGS:
         raise Rejected("too_large", f"{len(own)} chat_template_kwargs, over {MAX_TEMPLATE_KWARGS}")
     if own.get("chat_template") is not None:
@@ -948,6 +971,8 @@ def own_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     if reserved := sorted(RENDER_ARGUMENTS.intersection(own)):
         raise Rejected("invalid_request", f"chat_template_kwargs sets {reserved[0][:64]!r}")
     for name, kind in TEMPLATE_FIELDS.items():
-        if own.get(name) is not None and not isinstance(own[name], kind):
+        # Only those that reach the template: every API's settings set the generation prompt's
+        # two (CHAT_DEFAULTS' names) over the kwargs, whatever these hold.
+        if name not in CHAT_DEFAULTS and name in own and not isinstance(own[name], kind):
             raise Rejected("wrong_type", f"chat_template_kwargs {name} is no {kind.__name__}")
     return own

@@ -545,9 +545,9 @@ def _request(
     _check_finished(logged)
     _check_unaltered(body, line)
     sent = chat.request_fields(record, body)
-    _check_one_sequence(sent, response)
     fields: dict[str, Any] = {"kind": kind}
     api = _request_api(kind, body, sent.get("tools"))
+    _check_one_sequence(sent, API_FIELDS[api], response)
     budget = ContainerBudget(containers)  # what the decoded bodies left
     if kind == "chat":
         fields["messages"] = _chat(body, api, options.drop_non_text_parts, budget)
@@ -580,12 +580,22 @@ def _request(
         response_ms=response_ms(record, body, response, ts, options.timestamp_unit),
         cached_tokens=_cached_tokens(declared_fields(record, envelope), response),
         defaulted=("output_length",) if output_text is None and output_length is None else (),
-        output_turn=chat.generated_turn(response, budget) if counted and kind == "chat" else None,
+        output_turn=_output_turn(response, budget) if counted and kind == "chat" else None,
         output_stopped=chat.ended_at_stop(response) if counted else None,
         links=links,
         continues=continued(fields.get("messages")) if options.links else None,
         **fields,
     )
+
+
+def _output_turn(response: dict | list | None, budget: ContainerBudget) -> dict[str, Any] | None:
+    """The response's generated turn (chat.generated_turn), built leniently: the engine served
+    the request, so whatever the turn's build refuses (a tool call's arguments past the JSON
+    bounds, a call of no function) means no turn, and the text's count stands."""
+    try:
+        return chat.generated_turn(response, budget)
+    except Rejected:
+        return None
 
 
 def _request_body(record: dict[str, Any], batch: bool) -> tuple[str, dict[str, Any]]:
@@ -876,7 +886,7 @@ _TOKENIZING: dict[str, FieldReader] = {
     "add_special_tokens": _special_tokens,
     CACHE_SALT: _cache_salt,
 }
-# Read by _check_one_sequence, for every API alike: a trace row holds one sequence.
+# Read by _check_one_sequence, where an API declares them: a trace row holds one sequence.
 _SEQUENCES = frozenset((*MANY_SEQUENCES, ECHO))
 
 
@@ -1007,19 +1017,20 @@ def _api_fields(
     return fields
 
 
-def _check_one_sequence(sent: dict[str, Any], response: dict | list | None) -> None:
+def _check_one_sequence(sent: dict[str, Any], api: ApiFields, response: dict | list | None) -> None:
     """Refuse a request whose engine generates other than one sequence, the prompt not echoed:
-    by the request's fields as the engine received them (chat.request_fields), and by the
-    response's own evidence, which holds however the request was logged."""
+    by the request's fields as the engine received them (chat.request_fields), those its API
+    declares (an undeclared one the engine ignores), and by the response's own evidence, which
+    holds however the request was logged."""
     for name in MANY_SEQUENCES:
-        value = sent.get(name)
+        value = sent.get(name) if name in api.reads else None
         if _asked_number(value) > 1:
             raise Rejected(
                 "unsupported_request",
                 f"{name} {str(value)[:32]}: more than one sequence generated, and a trace row "
                 "holds one",
             )
-    if sent.get(ECHO) is True:
+    if ECHO in api.reads and sent.get(ECHO) is True:
         raise Rejected(
             "unsupported_request",
             f"{ECHO} true: the prompt sent back with what was generated, which a trace row "

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvtrace.transforms.encode.blocks import shared_length
 from kvtrace.transforms.ids.row_order import published_order
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats.trace_blocks import last_block_tokens, prefix_ids
@@ -130,8 +131,7 @@ def _previous_turns(trace: Trace, order: np.ndarray) -> np.ndarray:
 
 
 def _common_prefix(trace: Trace, prefix: np.ndarray, row: int, other: int) -> int:
-    a = prefix[trace.offsets[row] : trace.offsets[row + 1]]
-    b = prefix[trace.offsets[other] : trace.offsets[other + 1]]
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if len(differ) else n
+    return shared_length(
+        prefix[trace.offsets[row] : trace.offsets[row + 1]],
+        prefix[trace.offsets[other] : trace.offsets[other + 1]],
+    )

@@ -1,3 +1,6 @@
+import numpy as np
+import pytest
+
 from kvtrace.transforms.encode.blocks import (
     DIGEST_SIZE,
     block_count,
@@ -7,6 +10,7 @@ from kvtrace.transforms.encode.blocks import (
     last_block_tokens,
     request_chain_seed,
     salt_fingerprint,
+    shared_length,
     token_bytes,
 )
 
@@ -76,3 +80,12 @@ def test_a_requests_chain_seed_is_the_runs_keyed_by_its_cache_salt():
     seeds = {request_chain_seed(s, c) for s in (run, other) for c in (b"a", b"b")}
     assert len(seeds | {run, other}) == 6
     assert request_chain_seed(run, b"a") == request_chain_seed(run, b"a")
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "shared"),
+    [([1, 2, 3], [1, 2, 4], 2), ([1, 2], [1, 2, 3], 2), ([], [1], 0), ([5], [6], 0)],
+)
+def test_shared_length_is_the_leading_elements_two_arrays_share(first, second, shared):
+    a, b = np.array(first, dtype=np.uint32), np.array(second, dtype=np.uint32)
+    assert shared_length(a, b) == shared_length(b, a) == shared

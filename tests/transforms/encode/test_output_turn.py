@@ -15,6 +15,7 @@ from kvtrace.transforms.encode.encode_requests import EncodeOptions, RequestEnco
 from kvtrace.transforms.encode.output_turn import (
     common_prefix,
     generated_length,
+    reasoning_marker,
     through_end_of_turn,
 )
 from kvtrace.transforms.encode.salt import SaltSource
@@ -86,6 +87,26 @@ def test_a_qwen3_plain_turn_counts_its_end_of_turn_unless_cut_at_its_length(qwen
     assert cut == stopped - 1
 
 
+@pytest.mark.parametrize("finish", ["length", "abort", None])
+def test_a_turn_that_did_not_stop_counts_no_end_of_turn(qwen3_tokenizer, finish):
+    (length,) = _lengths(qwen3_tokenizer, _chat({"content": "At noon."}, finish))
+    assert length == _count(qwen3_tokenizer, "<think>\n\n</think>\n\nAt noon.")
+
+
+def test_a_turn_cut_in_its_reasoning_counts_no_markup_closing_it(
+    qwen3_tokenizer, deepseek_tokenizer
+):
+    reasoning = "Kyoto has no sea; its nearest port is Maizuru."
+    cut = _chat({"content": "", "reasoning_content": reasoning}, "length")
+    assert _lengths(qwen3_tokenizer, cut) == [_count(qwen3_tokenizer, f"<think>\n{reasoning}")]
+    # DeepSeek-R1's template drops the reasoning: its own tokens, no `</think>` ending it.
+    assert _lengths(deepseek_tokenizer, cut) == [_count(deepseek_tokenizer, reasoning)]
+    stopped = _chat({"content": "", "reasoning_content": reasoning})
+    assert _lengths(deepseek_tokenizer, stopped) == [
+        _count(deepseek_tokenizer, f"{reasoning}</think><｜end▁of▁sentence｜>")
+    ]
+
+
 def test_a_qwen3_reasoning_turn_counts_its_reasoning_once_as_the_template_writes_it(
     qwen3_tokenizer,
 ):
@@ -103,10 +124,29 @@ def test_a_deepseek_r1_reasoning_turn_counts_the_reasoning_its_template_leaves_o
         deepseek_tokenizer, _chat({"content": "At noon.", "reasoning_content": reasoning})
     )
     # The template renders the last turn as its content and end-of-sentence token only (its
-    # prompt's generation prompt opens the think block): the reasoning is counted on its own.
+    # prompt's generation prompt opens the think block): the reasoning is counted on its own,
+    # with the `</think>` that ended it, which the engine generated too.
     turn = _count(deepseek_tokenizer, "At noon.<｜end▁of▁sentence｜>")
-    assert length == turn + _count(deepseek_tokenizer, reasoning)
+    assert length == turn + _count(deepseek_tokenizer, reasoning) + 1
     assert length > _count(deepseek_tokenizer, reasoning + "At noon.") + 1
+
+
+def test_a_dropped_reasoning_its_content_repeats_is_counted(deepseek_tokenizer):
+    # Whether the template dropped the reasoning is told by rendering the turn without it, not
+    # by looking for its text, which the content may hold too.
+    (length,) = _lengths(
+        deepseek_tokenizer, _chat({"content": "Kyoto: at noon.", "reasoning_content": "Kyoto"})
+    )
+    turn = _count(deepseek_tokenizer, "Kyoto: at noon.<｜end▁of▁sentence｜>")
+    assert length == turn + _count(deepseek_tokenizer, "Kyoto</think>")
+
+
+def test_the_reasoning_marker_is_the_token_the_template_splits_content_on(
+    deepseek_tokenizer, qwen3_tokenizer
+):
+    assert reasoning_marker(load_tokenizer(deepseek_tokenizer), {}) == "</think>"
+    # Qwen3's template renders a last turn's reasoning: no token drops what precedes it.
+    assert reasoning_marker(load_tokenizer(qwen3_tokenizer), {}) is None
 
 
 ANTHROPIC = {
@@ -172,7 +212,7 @@ def test_a_template_that_rewrites_the_prompt_never_counts_less_than_the_text():
 
 def test_the_turn_ends_at_its_end_of_turn_token():
     assert through_end_of_turn("p<t>a</s>\n", "</s>", True) == "p<t>a</s>"
-    assert through_end_of_turn("p<t>a</s>\n", "</s>", None) == "p<t>a</s>"
+    assert through_end_of_turn("p<t>a</s>\n", "</s>", None) == "p<t>a"  # not said: none
     assert through_end_of_turn("p<t>a</s>\n", "</s>", False) == "p<t>a"
     assert through_end_of_turn("p<t>a</s>x", "</s>", True) == "p<t>a</s>x"  # not its end
     assert through_end_of_turn("p<t>a", None, True) == "p<t>a"

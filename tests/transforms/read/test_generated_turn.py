@@ -152,3 +152,19 @@ def test_records_carry_the_turn_only_where_the_output_is_counted_from_the_respon
         }
     )
     assert (completion.output_turn, completion.output_stopped) == (None, True)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"a": ' + "[" * 100 + "]" * 100 + "}", '{"a": [' + ",".join(["[]"] * 600_000) + "]}"],
+    ids=["deeper", "bigger"],
+)
+def test_a_turn_past_the_json_bounds_is_no_turn_and_the_text_counts(arguments):
+    # The engine served the request: its call's arguments past what a record's JSON may hold
+    # make no turn (its text is counted), never a letter.
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    response = {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+    request = _parse({"request": {"messages": USER}, "response": response})
+    assert (request.output_turn, request.output_text) == (None, "f" + arguments)
+    assert request.output_stopped is True

@@ -830,7 +830,7 @@ def test_without_nulls_of_no_free_form_fields_drops_them_all():
     assert without_nulls(row) == {"tools": [{"parameters": {"type": "object"}}]}
 
 
-@pytest.mark.parametrize("parameters", [{"n": 2}, {"best_of": 3}, {"n": 2.0}, {"echo": True}])
+@pytest.mark.parametrize("parameters", [{"n": 2}, {"n": 2.0}, {"echo": True}])
 @pytest.mark.parametrize("where", ["top", "request", "model_parameters", "extra_body"])
 def test_a_request_of_many_sequences_or_an_echo_is_unsupported(parameters, where):
     """A trace row holds one generated length: wherever the request says it, refused (LiteLLM's
@@ -847,6 +847,19 @@ def test_a_request_of_many_sequences_or_an_echo_is_unsupported(parameters, where
         parse(record)
     assert caught.value.reason == "unsupported_request"
     assert caught.value.message.startswith(next(iter(parameters)) + " ")
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"messages": USER, "best_of": 3},  # Chat Completions declares no best_of
+        {"input": "hi", "n": 3, "best_of": 3, "echo": True},  # Responses none of them
+        {"system": "Be brief.", "messages": USER, "max_tokens": 5, "n": 3, "echo": True},
+    ],
+    ids=["chat", "responses", "anthropic"],
+)
+def test_a_sequence_field_its_api_does_not_declare_is_ignored_as_the_engine_ignores_it(request_):
+    assert parse({"request": request_, **TS}).messages
 
 
 @pytest.mark.parametrize("parameters", [{"n": "2"}, {"best_of": " 3 "}, {"n": "2.0"}])

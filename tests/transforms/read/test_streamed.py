@@ -450,3 +450,11 @@ def test_a_stream_opening_with_a_content_filter_chunk_is_dated_by_its_completion
     assert isinstance(filtered, Request) and isinstance(plain, Request)
     assert filtered.timestamp_ms == plain.timestamp_ms == 1_767_225_600_000
     assert condensed([azure, *chunks])[:2] == [azure, chunks[0]]
+
+
+@pytest.mark.parametrize("marker", [{"object": "response"}, {"type": "message"}])
+def test_how_a_stream_ended_reads_alike_condensed_and_whole(marker: dict[str, Any]) -> None:
+    """A text chunk another API's marker names still ends by its choice's finish_reason."""
+    chunks = [text_chunk("a"), text_chunk("b"), text_chunk("c", finish_reason="stop") | marker]
+    got = assert_reads_as_whole(record(chunks))
+    assert isinstance(got, Request) and got.output_stopped is True

@@ -11,6 +11,8 @@ import pytest
 
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.chat import (
+    ANTHROPIC_EFFORTS,
+    REASONING_EFFORTS,
     TEMPLATE_FIELDS,
     anthropic_settings,
     chat_completions_settings,
@@ -73,7 +75,18 @@ def test_a_top_level_reasoning_effort_overrides_the_kwarg():
 def test_a_wrong_type_is_a_letter(name):
     wrong = "yes" if TEMPLATE_FIELDS[name] is not str else 1
     assert _reason({name: wrong}) == "wrong_type"
-    assert _reason({"chat_template_kwargs": {name: wrong}}) == "wrong_type"
+    if name not in DEFAULTS:
+        assert _reason({"chat_template_kwargs": {name: wrong}}) == "wrong_type"
+
+
+@pytest.mark.parametrize("settings", [chat_completions_settings, anthropic_settings])
+@pytest.mark.parametrize("name", sorted(DEFAULTS))
+def test_a_kwarg_every_api_overrides_is_never_checked(name, settings):
+    """The generation prompt's two kwargs never reach the template: whatever they hold, the
+    request is served with its API's values."""
+    body = {"messages": MESSAGES, "chat_template_kwargs": {name: "yes"}}
+    assert settings(body)[name] == DEFAULTS[name]
+    assert responses_settings({"input": "hi", **body})[name] == DEFAULTS[name]
 
 
 def test_the_request_kwargs_are_template_variables_of_any_name():
@@ -89,8 +102,26 @@ def test_a_reasoning_effort_turns_thinking_on_unless_none(effort, thinking):
     assert (chat["reasoning_effort"], chat["enable_thinking"]) == (effort, thinking)
     responses = responses_settings({"input": "hi", "reasoning": {"effort": effort}})
     assert (responses["reasoning_effort"], responses["enable_thinking"]) == (effort, thinking)
-    anthropic = anthropic_settings({"messages": MESSAGES, "output_config": {"effort": effort}})
-    assert (anthropic["reasoning_effort"], anthropic["enable_thinking"]) == (effort, thinking)
+    if effort in ANTHROPIC_EFFORTS:
+        anthropic = anthropic_settings({"messages": MESSAGES, "output_config": {"effort": effort}})
+        assert (anthropic["reasoning_effort"], anthropic["enable_thinking"]) == (effort, thinking)
+
+
+@pytest.mark.parametrize("effort", ["banana", "auto", "None", "minimal", "none"])
+def test_an_effort_the_apis_model_does_not_take_is_a_letter(effort):
+    """Each API's efforts as its request model declares them; the engine refuses any other."""
+    anthropic = {"messages": MESSAGES, "output_config": {"effort": effort}}
+    assert _reason(anthropic, anthropic_settings) == "invalid_request"
+    for body, settings in (
+        ({"reasoning_effort": effort}, chat_completions_settings),
+        ({"input": "hi", "reasoning": {"effort": effort}}, responses_settings),
+    ):
+        if effort in REASONING_EFFORTS:
+            assert settings(body)["reasoning_effort"] == effort
+        else:
+            assert _reason(body, settings) == "invalid_request"
+    assert REASONING_EFFORTS == ANTHROPIC_EFFORTS | {"none", "minimal"}
+    assert {"low", "medium", "high", "xhigh", "max"} == ANTHROPIC_EFFORTS
 
 
 def test_the_requests_own_enable_thinking_wins_over_its_effort():
@@ -98,6 +129,18 @@ def test_the_requests_own_enable_thinking_wins_over_its_effort():
     assert template_settings({**own, "reasoning_effort": "none"})["enable_thinking"] is True
     body = {**own, "input": "hi", "reasoning": {"effort": "none"}}
     assert responses_settings(body)["enable_thinking"] is True
+
+
+@pytest.mark.parametrize("unset", [None, "auto"])
+def test_a_kwarg_the_engine_reads_as_unset_is_left_to_the_run(unset):
+    """None and "auto" are unset kwargs: the run's value stands; named at all, enable_thinking
+    is the server's too, whatever the request's effort."""
+    own = {"chat_template_kwargs": {"enable_thinking": unset, "documents": unset}}
+    assert template_settings(own) == DEFAULTS
+    settings = template_settings({**own, "reasoning_effort": "low"})
+    assert settings == DEFAULTS | {"reasoning_effort": "low"}
+    body = {**own, "input": "hi", "reasoning": {"effort": "none"}}
+    assert "enable_thinking" not in responses_settings(body)
 
 
 def test_a_kwarg_reasoning_effort_alone_leaves_thinking_to_the_template():
@@ -176,10 +219,6 @@ def test_a_requests_own_template_is_untrusted(body):
         ({"continue_final_message": True}, "invalid_request"),  # add_generation_prompt: true
         ({"documents": ["a"]}, "wrong_type"),
         ({"documents": [{"text": 1}]}, "wrong_type"),
-        (
-            {"add_generation_prompt": True, "chat_template_kwargs": {"add_generation_prompt": 0}},
-            "wrong_type",
-        ),
     ],
 )
 def test_what_the_engine_refuses_is_a_letter(body, reason):
