@@ -261,11 +261,7 @@ class RequestEncoder:
                 turn = None
                 if prompt is not None and request.output_turn is not None:
                     turn = render_turn(
-                        self._tokenizer,
-                        request,
-                        prompt,
-                        self._template_kwargs,
-                        self._max_record_bytes,
+                        self._tokenizer, request, self._template_kwargs, self._max_record_bytes
                     )
                 rendered.append((unrendered(request, prompt), prompt, turn))
             except Rejected as err:

@@ -50,11 +50,7 @@ class Turn:
 
 
 def render_turn(
-    tokenizer: Any,
-    request: Request,
-    prompt: str,
-    template_kwargs: dict[str, Any],
-    max_record_bytes: int,
+    tokenizer: Any, request: Request, template_kwargs: dict[str, Any], max_record_bytes: int
 ) -> Turn | None:
     """The Turn of a chat request whose output is its response's generation, rendered under the
     same budget and bound as its prompt; None where there is none to render, or the template
