@@ -92,7 +92,6 @@ def test_a_leaked_id_map_confirms_no_guessed_prompt_without_the_salt_under_an_en
     assert not guessed & stored
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_one_salt_file_is_one_salt_as_a_file_and_as_the_environment_deploy_gives_it(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):
@@ -121,7 +120,6 @@ def test_one_salt_file_is_one_salt_as_a_file_and_as_the_environment_deploy_gives
     assert code == 0 or not {"damaged", "altered"} & set(said.split()), said[-600:]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_salt_of_random_bytes_in_the_environment_is_read_as_its_bytes(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):
