@@ -15,7 +15,6 @@ from helpers import MAP_SALT, anonymize_night, map_night, trace, write_jsonl
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_rolled_back_map_is_refused_when_its_salt_file_is_named_through_a_link(
     tiny_tokenizer, tmp_path, capsys
 ):
