@@ -4,7 +4,7 @@ and the night's end they all run (anonymize_night.py). No Beam here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvtrace.transforms.encode.encode_requests import EncodeOptions
@@ -72,6 +72,12 @@ class AnonymizeConfig:
     # With an id map, where the rows' times count from: "map" (its origin: nights continue one
     # clock) or "night" (this night's first request; the manifest says where on the map's)
     time_origin: str = "map"
+
+    def __post_init__(self) -> None:
+        # The engine's raw hashes are the keys only where they are written out (HashScheme.raw):
+        # rows read them back from the keys (schemes.engine_hashes), so one implies the other.
+        if self.block_hashes and not self.hash_scheme.raw:
+            object.__setattr__(self, "hash_scheme", replace(self.hash_scheme, raw=True))
 
     @property
     def input_bytes(self) -> int:

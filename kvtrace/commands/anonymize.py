@@ -679,6 +679,8 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     # run's first write into it (id_map.map_folder), so a run refused later (the output's lock,
     # standard input) leaves nothing behind either.
     block_hashes = _block_hashes_directory(options, output, scheme)
+    if block_hashes:  # the one run whose keys stay the engine's own: it writes them out
+        scheme = replace(scheme, raw=True)
     id_map = None
     if options.get("id_map"):
         id_map = _open_id_map(
@@ -1017,7 +1019,7 @@ def _open_id_map(
         fingerprint,
         options["block_size"],
         sha256,
-        CAPTURE_SCHEME if capture else scheme.identity,
+        CAPTURE_SCHEME if capture else scheme.map_identity,
         options["chat_template_kwargs"],
         tokenization,
         capture,

@@ -41,7 +41,9 @@ def add_parsers(commands: Any) -> None:
             "Bind the map's place (its directory, as the folder of marks knows it) to the map "
             "found there now: nights refuse a map found where another was published (a map "
             "replaced, or its versions removed), until this is run on purpose. The map found "
-            "is checked against its own mark first; with no map there, the place is freed. "
+            "is checked against its own mark first, then its version marked (a map whose "
+            "folder of marks was lost starts its marks here); with no map there, the place is "
+            "freed. "
             "docs/ID_MAP.md, 'Rollback'."
         ),
     )
@@ -92,7 +94,7 @@ def rebind(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     directory, key, marks = _opened("rebind", args, beam_args)
     map_id = rebind_map(directory, key, marks)
     print(
-        f"id map {directory}: its place bound to map {map_id} in {marks}"
+        f"id map {directory}: its place bound to map {map_id}, its version marked, in {marks}"
         if map_id
         else f"id map {directory}: no map with an id there; its place freed in {marks}"
     )

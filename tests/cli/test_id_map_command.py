@@ -218,3 +218,25 @@ def test_a_map_gone_from_a_bound_place_is_refused_until_rebound(
         )
         == 0
     )
+
+
+def test_a_map_whose_folder_of_marks_was_lost_is_refused_until_rebound(
+    built, tiny_tokenizer, tmp_path, capsys, monkeypatch
+):
+    """A committed map meeting no mark (a new folder of marks, as a salt file named through a
+    link gives) is refused in one line; `kvtrace id-map rebind` starts its marks on purpose."""
+    monkeypatch.delenv("KVTRACE_SALT", raising=False)
+    map_dir = _copy(built, tmp_path)
+    salted = ["--salt-file", str(tmp_path / "salt")]
+    night = [_night(tmp_path, 2)]
+    capsys.readouterr()
+    args = ["--id-map", str(map_dir), *salted]
+    assert anonymize_night(tiny_tokenizer, night, tmp_path / "refused", *args) == 1
+    said = capsys.readouterr().err
+    assert "only a map's first commit finds no mark" in said and "id-map rebind" in said
+    assert not (tmp_path / "refused").exists()
+    assert main(["id-map", "rebind", str(map_dir), *salted]) == 0
+    marks = anchor.marks_folder(SaltSource("file", str(tmp_path / "salt")), None)
+    map_id = json.loads(_records(map_dir)["000002.json"])["map_id"]
+    assert anchor.read_mark(anchor.mark_path(marks, map_id), map_id, KEY)["version"] == 2
+    assert anonymize_night(tiny_tokenizer, night, tmp_path / "out", *args) == 0

@@ -57,7 +57,7 @@ def test_unkeyed_engine_hashes_confirm_a_guessed_prompt(tiny_tokenizer, tmp_path
     published = set(emitted.column("hash").to_pylist())
     guessed = {
         int.from_bytes(k[:8], "little")
-        for k in guessed_keys(tiny_tokenizer, HashScheme("dynamo"), b"")
+        for k in guessed_keys(tiny_tokenizer, HashScheme("dynamo", raw=True), b"")
     }
     assert guessed and guessed <= published  # every block of the guess is found: confirmed
     assert not list(out.glob("block-hashes*"))  # and none of it is in the published folder

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import anonymize, chat, trace, write_jsonl
+from helpers import MAP_SALT, anonymize, anonymize_night, chat, map_night, trace, write_jsonl
 from kvtrace.cli import main
 
 
@@ -93,3 +93,29 @@ def test_emitted_block_hashes_are_the_same_from_both_engines(tiny_tokenizer, tmp
         # Each (row, position) names the published id of that block.
         assert [r["id"] for r in by_row] == [i for row in published for i in row["hash_ids"]]
     assert tables[0].equals(tables[1])
+
+
+@pytest.mark.slow
+def test_a_map_of_raw_engine_hashes_and_one_of_keyed_ones_are_never_mixed(
+    tiny_tokenizer, tmp_path, capsys
+):
+    """A map keeps keys: under an engine scheme they are keyed by the salt, the raw engine hashes
+    kept only by a run that writes them out (--emit-block-hashes), whose map, like every map an
+    engine scheme built before keying, holds raw hashes. The two identities differ, so a night of
+    one kind refuses a map of the other in one line saying what to do; the published ids are
+    the same either way."""
+    (tmp_path / "salt").write_bytes(MAP_SALT)
+    night = [map_night(tmp_path, 0)]
+    flags = ["--salt-file", str(tmp_path / "salt"), "--hash-scheme", "dynamo", "--quiet"]
+    raw = ["--id-map", str(tmp_path / "raw"), "--emit-block-hashes", str(tmp_path / "hashes")]
+    assert anonymize_night(tiny_tokenizer, night, tmp_path / "a", *flags, *raw) == 0
+    keyed = ["--id-map", str(tmp_path / "keyed")]
+    assert anonymize_night(tiny_tokenizer, night, tmp_path / "b", *flags, *keyed) == 0
+    assert trace(tmp_path / "a") == trace(tmp_path / "b")
+    capsys.readouterr()
+    code = anonymize_night(
+        tiny_tokenizer, [map_night(tmp_path, 1)], tmp_path / "c", *flags, "--id-map", raw[1]
+    )
+    said = capsys.readouterr().err.strip()
+    assert code != 0 and len(said.splitlines()) == 1, said
+    assert "+salt-keyed" in said and "start a new map" in said and not (tmp_path / "c").exists()

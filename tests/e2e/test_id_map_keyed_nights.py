@@ -90,6 +90,8 @@ def built(tiny_tokenizer, tmp_path_factory):
             == 0
         )
     shutil.copytree(folder / "map", folder / "reference-map")
+    # with its marks: a committed map with none is refused (only a first commit finds none)
+    shutil.copytree(folder / "salt.id-map-marks", folder / "reference-marks")
     assert (
         anonymize_night(
             tiny_tokenizer,
@@ -435,7 +437,9 @@ def test_a_format_3_map_is_refused_until_keyed_on_purpose(
         != 0
     )
     assert "key it once with its salt" in capsys.readouterr().err
-    assert id_map.key_format_3_map(str(map_dir), KEY) == [1, 2]
+    # as `kvtrace id-map upgrade` keys it, and marks it: a keyed map with no mark is refused
+    marks = str(folder / "salt.id-map-marks")
+    assert id_map.upgrade_map(str(map_dir), KEY, marks) == (2, [1, 2])
     assert id_map.key_format_3_map(str(map_dir), KEY) == []  # done: every record keyed
     assert (
         anonymize_night(

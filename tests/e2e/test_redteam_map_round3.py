@@ -145,6 +145,8 @@ def test_the_mark_never_moves_back_when_a_later_night_commits_during_its_write(
     monkeypatch.undo()
     assert id_map.current_version_number(str(map_dir)) == 3
     shutil.copytree(map_dir, tmp_path / "reference-map")  # night 4 on the untouched map
+    # with its marks: a committed map that meets none is refused
+    shutil.copytree(tmp_path / "salt.id-map-marks", tmp_path / "reference-marks")
     assert (
         anonymize_night(
             tiny_tokenizer,

@@ -76,6 +76,8 @@ def test_a_map_replaced_by_another_of_the_same_salt_is_refused_even_holding_the_
             == 0
         )
     shutil.copytree(map_dir, tmp_path / "reference-map")  # night 3 on the untouched map
+    # with its marks: a committed map that meets none is refused
+    shutil.copytree(tmp_path / "salt.id-map-marks", tmp_path / "reference-marks")
     assert (
         anonymize_night(
             tiny_tokenizer,
@@ -143,6 +145,8 @@ def test_a_rollback_by_repointing_a_link_in_the_maps_path_is_refused(tiny_tokeni
         == 0
     )
     shutil.copytree(maps / "live", tmp_path / "reference")  # night 3 on the untouched map
+    # with its marks: a committed map that meets none is refused
+    shutil.copytree(tmp_path / "salt.id-map-marks", tmp_path / "reference-marks")
     assert (
         anonymize_night(
             tiny_tokenizer,

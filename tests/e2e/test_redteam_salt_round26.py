@@ -15,7 +15,6 @@ from helpers import MAP_SALT, anonymize_night, map_night, trace, write_jsonl
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_rolled_back_map_is_refused_when_its_salt_file_is_named_through_a_link(
     tiny_tokenizer, tmp_path, capsys
 ):
@@ -53,7 +52,6 @@ def test_a_rolled_back_map_is_refused_when_its_salt_file_is_named_through_a_link
     assert "rolled back" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_leaked_id_map_confirms_no_guessed_prompt_without_the_salt_under_an_engine_scheme(
     tiny_tokenizer, tmp_path
 ):
@@ -86,13 +84,12 @@ def test_a_leaked_id_map_confirms_no_guessed_prompt_without_the_salt_under_an_en
     assert stored
     # The attacker's guess: the public tokenizer, the engine's public hash, no salt.
     data = token_bytes(encode_texts(load_tokenizer(tiny_tokenizer), [secret])[0])
-    keys = HashScheme("dynamo").block_keys(data, 4, b"")
+    keys = HashScheme("dynamo", raw=True).block_keys(data, 4, b"")
     guessed = {int.from_bytes(keys[i : i + 8], "little") for i in range(0, len(keys), 16)}
     assert guessed
     assert not guessed & stored
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_one_salt_file_is_one_salt_as_a_file_and_as_the_environment_deploy_gives_it(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):
@@ -121,7 +118,6 @@ def test_one_salt_file_is_one_salt_as_a_file_and_as_the_environment_deploy_gives
     assert code == 0 or not {"damaged", "altered"} & set(said.split()), said[-600:]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_salt_of_random_bytes_in_the_environment_is_read_as_its_bytes(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):

@@ -17,6 +17,7 @@ import xxhash
 from kvtrace.transforms.encode.blocks import keyed_digest
 from kvtrace.transforms.encode.fingerprint import fingerprint as request_fingerprint
 from kvtrace.transforms.encode.hashed_batch import HashedRequest
+from kvtrace.transforms.encode.schemes import engine_key_prefix, keyed_engine_hashes
 from kvtrace.transforms.read.captures import Capture
 from kvtrace.transforms.read.records import Request
 from kvtrace.transforms.trace_format import NO_RESPONSE_MS
@@ -24,14 +25,13 @@ from kvtrace.transforms.trace_format import NO_RESPONSE_MS
 # A capture cut at another block size than the run's: the night refuses to publish
 # (write/manifest.py check_rejected_fraction), as it never re-cuts an engine's blocks.
 BLOCK_SIZE_MISMATCH = "block_size_mismatch"
-_DOMAIN = b"\0capture\0"  # these keys are no other digest's (blocks.keyed_digest: \0id\0)
 
 
 def rekeyed(capture: Capture, seed: bytes) -> bytes:
     """16 bytes per block: each engine hash keyed by the salt's chain seed, then the capture's
     tail (a partial last block the engine did not hash), if it has one."""
-    prefix = seed + _DOMAIN + capture.scheme.encode() + b"\0"
-    keys = b"".join([xxhash.xxh3_128_digest(prefix + value) for value in capture.hashes])
+    prefix = engine_key_prefix(seed, capture.scheme)
+    keys = keyed_engine_hashes(prefix, capture.hashes)
     if capture.tail is None:
         return keys
     # chained on the last full block's hash, as a block's key is

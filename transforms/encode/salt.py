@@ -78,13 +78,17 @@ class SaltSource:
         return replace(self, fingerprint=salt_fingerprint(self.load()))
 
     def _fetch(self) -> bytes:
-        if self.kind == "random":
-            return self.inline
+        """The salt as this source holds it, normalised alike whatever holds it (normalised)."""
+        return self.inline if self.kind == "random" else normalised(self._raw())
+
+    def _raw(self) -> bytes:
+        """The source's bytes as they are: a variable's too (os.environb), as a file's, so a
+        salt of random bytes is not taken for text."""
         if self.kind == "env":
-            value = os.environ.get(self.where)
+            value = os.environb.get(os.fsencode(self.where))
             if not value:
                 raise SaltError(f"${self.where} is not set on this machine (or is empty)")
-            return value.encode()
+            return value
         if self.kind == "file":
             from kvtrace.transforms import storage
             from kvtrace.transforms.storage import is_url
@@ -105,15 +109,22 @@ class SaltSource:
                     f"--salt-file {self.where}: over {MAX_SALT_BYTES} bytes; a salt "
                     f"is a short secret (32 random bytes are plenty)"
                 )
-            return salt.strip()
+            return salt
         if self.kind == "gcp-secret":
             from apache_beam.transforms.util import GcpSecret
 
             try:
-                return GcpSecret(self.where).get_secret_bytes().strip()
+                return GcpSecret(self.where).get_secret_bytes()
             except Exception as err:
                 raise SaltError(f"--salt-secret {self.where}: cannot read it ({err})") from None
         raise SaltError(f"unknown salt source {self.kind!r}")
+
+
+def normalised(raw: bytes) -> bytes:
+    """A salt as every source gives it: its bytes without surrounding ASCII whitespace, the
+    newline a file (`... | base64 > salt`), a Secret made from it or a variable set from it
+    ends in, so one secret is one salt however it is given."""
+    return raw.strip()
 
 
 def salt_source(salt_file: str | None = None, salt_secret: str | None = None) -> SaltSource:
@@ -124,6 +135,6 @@ def salt_source(salt_file: str | None = None, salt_secret: str | None = None) ->
         return SaltSource("file", salt_file)
     if salt_secret:
         return SaltSource("gcp-secret", salt_secret)
-    if os.environ.get(SALT_ENV):
+    if os.environb.get(os.fsencode(SALT_ENV)):
         return SaltSource("env", SALT_ENV)
     return SaltSource("random", inline=secrets.token_bytes(32))

@@ -236,17 +236,22 @@ def check_anchor(
     record_of: Callable[[int], bytes],
     key: MapKey,
     bound: bool = True,
+    anew: bool = False,
 ) -> None:
     """Refuse to extend a map that is not the one its place (or its spelling) was last
     published with (unless not bound: a rebind), is not at or past its marked version, or does
-    not descend from the marked record (rolled back, or replaced by another map).
+    not descend from the marked record (rolled back, or replaced by another map), or has a
+    committed version and no mark (unless anew: an operator's upgrade or rebind starts its
+    marks on purpose, vouching for the map).
     record_of(number) gives a version's record bytes as stored; map_id is None for a map from
     before ids, or a new one."""
+    marked = False  # whether a mark of this map was found, by its id or by its place
     for location in bound_locations(directory) if bound else []:
         place = location_path(marks, location)
         found = read_location(place, location, key)
         if found is not None and "version" in found:  # a mark from before ids, by the place
             _check_descent(found, place, directory, version, record_of)
+            marked = True
         elif found is not None and found["map_id"] != map_id:
             raise JobStopped(
                 f"the id map {directory} is not the map last published there (map id "
@@ -261,6 +266,24 @@ def check_anchor(
         mark = read_mark(path, map_id, key)
         if mark is not None:
             _check_descent(mark, path, directory, version, record_of)
+        elif not (anew or marked) and version > 0:
+            raise JobStopped(unmarked(directory, version, map_id, marks))
+
+
+def unmarked(directory: str, version: int, map_id: str, marks: str) -> str:
+    """Why a committed map (it has an id) is not extended without its mark: each commit marks
+    its version, so only a map's first commit finds none. Whatever the cause (a backup rolled
+    back, the folder of marks named another way: beside a salt file named through a link), the
+    map cannot be told from a rolled-back one; starting its marks anew is a deliberate act."""
+    return (
+        f"the id map {directory} is at version {version} (map id {map_id}), but the folder of "
+        f"marks {marks} holds no mark of it, and only a map's first commit finds no mark: the "
+        f"map may have been rolled back or copied, or its marks are kept in another folder "
+        f"(the default one is named from the salt file's path as given: a link to it names "
+        f"another). Give --id-map-marks the folder its nights marked; or, if that folder is "
+        f"lost, start its marks anew on purpose with `kvtrace id-map rebind {directory}` and "
+        f"its salt. The map was not extended and no trace was published"
+    )
 
 
 def _check_descent(

@@ -451,6 +451,7 @@ def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]
             _found_map_id(directory, number, key),
             record_reader(directory),
             key,
+            anew=True,  # whoever upgrades vouches for the map: its first mark may be this one
         )
     except JobStopped as err:
         raise IdMapError(str(err)) from None
@@ -465,20 +466,31 @@ def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]
 
 def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
     """What `kvtrace id-map rebind` does: bind the map's place to the map found there, after
-    checking that map against its own mark (a rollback is refused here as at a commit).
+    checking that map against its own mark (a rollback is refused here as at a commit), and
+    mark its version: a map with no mark in this folder starts its marks here, on purpose.
     Returns the map's id (None: no map, or one from before ids or keying; the place is freed,
     and the map's next commit or upgrade binds it)."""
     number = current_version_number(directory)
     map_id = _found_map_id(directory, number, key) if number else None
+    record = b""
     if map_id is not None:
-        _verified_chain(directory, number, key)  # bound only to a map a night would open
+        _, record = _verified_chain(directory, number, key)  # a map a night would open
         try:
             check_anchor(
-                marks, directory, number, map_id, record_reader(directory), key, bound=False
+                marks,
+                directory,
+                number,
+                map_id,
+                record_reader(directory),
+                key,
+                bound=False,
+                anew=True,
             )
         except JobStopped as err:
             raise IdMapError(str(err)) from None
     rebind(marks, directory, map_id, key)
+    if map_id is not None:
+        advance_anchor(marks, directory, map_id, number, record, key)
     return map_id
 
 

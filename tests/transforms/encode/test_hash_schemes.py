@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from dataclasses import replace
 
 import cbor2
 import pytest
@@ -79,15 +80,42 @@ def test_vllm_none_hash_is_sha256_cbor_of_the_seed_string():
     assert vllm_int_hash(digest) == struct.unpack(">Q", digest[24:])[0]
 
 
-def test_engine_keys_carry_the_engine_hash():
+def test_raw_engine_keys_carry_the_engine_hash():
+    """Only a run writing them out (--emit-block-hashes) keeps the engine's hashes as keys."""
     data = token_bytes(list(range(10)))
-    keys = HashScheme("dynamo").block_keys(data, 4, b"")
+    keys = HashScheme("dynamo", raw=True).block_keys(data, 4, b"")
     assert [struct.unpack_from("<Q", keys, 16 * i)[0] for i in range(3)] == dynamo_sequence_hashes(
         data, 4
     )
+    with pytest.raises(ValueError, match="only an engine hash scheme"):
+        HashScheme(raw=True)
     with pytest.raises(ValueError, match="NONE_HASH"):
         HashScheme("vllm-sha256-cbor")
     assert (
         HashScheme("vllm-sha256-cbor", b"\0" * 32).identity
         != HashScheme("vllm-sha256-cbor", b"\1" * 32).identity
     )
+
+
+@pytest.mark.parametrize(
+    "scheme", [HashScheme("dynamo"), HashScheme("vllm-sha256-cbor", b"\0" * 32)], ids=str
+)
+def test_engine_keys_are_keyed_by_the_salt_and_number_as_the_engine_hashes_do(scheme):
+    """An id map keeps keys: without the salt's chain seed none is the engine's hash a guessed
+    prompt gives, and another seed gives others; equal engine hashes still give equal keys, so
+    the dense ids (first occurrence) are those the raw hashes give."""
+    prompts = [list(range(10)), list(range(8)) + [7, 7], list(range(1, 9))]
+    raw = replace(scheme, raw=True)
+    keyed = [scheme.block_keys(token_bytes(p), 4, b"seed-one") for p in prompts]
+    plain = [raw.block_keys(token_bytes(p), 4, b"seed-one") for p in prompts]
+    hashes = {k[i : i + 8] for k in plain for i in range(0, len(k), 16)}
+    halves = {k[i : i + 8] for k in keyed for i in range(0, len(k), 8)}
+    assert hashes and not hashes & halves
+    assert keyed[0] != scheme.block_keys(token_bytes(prompts[0]), 4, b"seed-two")
+
+    def firsts(keys: list[bytes]) -> list[int]:
+        ids: dict[bytes, int] = {}
+        return [ids.setdefault(k[i : i + 16], len(ids)) for k in keys for i in range(0, len(k), 16)]
+
+    assert firsts(keyed) == firsts(plain) and len(set(firsts(plain))) < len(firsts(plain))
+    assert scheme.map_identity != raw.map_identity == raw.identity == scheme.identity

@@ -4,11 +4,13 @@ that are not the run's."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kvtrace.transforms.encode.blocks import salt_fingerprint
 from kvtrace.transforms.encode.encode_requests import EncodeOptions, open_encoder
-from kvtrace.transforms.encode.salt import SALT_ENV, SaltSource
+from kvtrace.transforms.encode.salt import SALT_ENV, SaltSource, salt_source
 from kvtrace.transforms.errors import JobStopped
 
 RUNS = b"s" * 32
@@ -49,3 +51,23 @@ def test_a_pinned_source_carries_the_public_fingerprint_never_the_salt(tmp_path)
     assert RUNS.decode() not in repr(pinned) and pinned.inline == b""
     path.write_bytes(ROTATED)
     assert unpinned.load() == ROTATED  # unpinned (audit, id-map): whatever the source holds
+
+
+@pytest.mark.parametrize("raw", [RUNS, RUNS + b"\n", b" " + RUNS + b"\r\n"])
+def test_one_secret_is_one_salt_as_a_file_and_as_the_environment(monkeypatch, tmp_path, raw):
+    """The same bytes given as a file and as $KVTRACE_SALT (a Secret made from the file) are
+    the same salt, the newline a file ends in dropped by both."""
+    path = tmp_path / "salt"
+    path.write_bytes(raw)
+    monkeypatch.setenv(SALT_ENV, raw.decode())
+    assert SaltSource("file", str(path)).load() == SaltSource("env", SALT_ENV).load() == RUNS
+
+
+def test_a_salt_of_random_bytes_in_the_environment_is_its_bytes(monkeypatch, tmp_path):
+    """Bytes that are not UTF-8 (a Secret of `head -c 32 /dev/urandom`) are read as they are,
+    as a file's are: no codec error."""
+    raw = bytes(range(128, 160))
+    path = tmp_path / "salt"
+    path.write_bytes(raw)
+    monkeypatch.setenv(SALT_ENV, os.fsdecode(raw))
+    assert salt_source().load() == SaltSource("file", str(path)).load() == raw

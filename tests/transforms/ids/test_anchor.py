@@ -65,7 +65,7 @@ def _mark(marks: str, map_id: str = MAP_ID) -> dict:
 
 def test_a_map_at_or_past_its_mark_is_extended_and_one_behind_it_is_refused(tmp_path):
     marks, directory = _marks(tmp_path), str(tmp_path / "map")
-    _check(marks, directory, 1)  # no mark yet: not anchored
+    _check(marks, directory, 0, map_id=None)  # a first commit: no mark yet
     _advance(marks, directory, 2)
     _check(marks, directory, 2)
     _check(marks, directory, 3)  # a later version descending from the marked record
@@ -114,9 +114,10 @@ def test_another_map_where_a_marked_map_was_is_refused_until_the_place_is_reboun
             _check(marks, directory, 1, chain("b"), map_id=newcomer)
         assert "\n" not in str(caught.value)
     anchor.rebind(marks, directory, "b" * 32, KEY)
+    _advance(marks, directory, 1, chain("b"), map_id="b" * 32)  # as id_map.rebind_map marks it
     _check(marks, directory, 1, chain("b"), map_id="b" * 32)
     anchor.rebind(marks, directory, None, KEY)  # no map there: the place freed
-    _check(marks, directory, 1, chain("c"), map_id="c" * 32)
+    _check(marks, directory, 0, map_id=None)  # for a new map's first commit
 
 
 @pytest.mark.parametrize(
@@ -231,7 +232,8 @@ def test_marks_are_owner_only_beside_the_salt_one_per_map(tmp_path):
     for name in os.listdir(marks):
         assert stat.S_IMODE(os.stat(os.path.join(marks, name)).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(marks).st_mode) == 0o700
-    _check(marks, str(tmp_path / "b"), 1, {1: b"b's own record one\n"}, "b" * 32)  # no mark
+    with pytest.raises(JobStopped, match="only a map's first commit finds no mark"):
+        _check(marks, str(tmp_path / "b"), 1, {1: b"b's own record one\n"}, "b" * 32)
 
 
 def test_a_mark_left_half_written_by_a_killed_run_is_removed_by_the_next(tmp_path):
@@ -323,3 +325,21 @@ def test_a_mark_of_another_map_or_salt_is_refused(tmp_path):
     )
     with pytest.raises(JobStopped, match="does not verify"):
         _check(marks, mine, 1)
+
+
+def test_a_committed_map_whose_folder_of_marks_holds_no_mark_of_it_is_refused(tmp_path):
+    """Each commit marks its version, so only a first commit (version 0) finds no mark: a map
+    with a version and no mark is refused in one line, whatever the folder is called (the
+    salt file named through a link names another default folder), until rebound on purpose."""
+    marks, directory = _marks(tmp_path), str(tmp_path / "map")
+    _advance(marks, directory, 2)
+    os.symlink(tmp_path / "salt", tmp_path / "linked")
+    linked = anchor.marks_folder(SaltSource("file", str(tmp_path / "linked")), None)
+    assert linked != marks
+    for version in (1, 2, 3):  # rolled back, as marked, or later: none is told apart
+        with pytest.raises(JobStopped, match="kvtrace id-map rebind") as caught:
+            _check(linked, directory, version)
+        assert "\n" not in str(caught.value) and "rolled back" in str(caught.value)
+    _check(linked, directory, 0, map_id=None)  # a new map's first commit
+    anchor.check_anchor(linked, directory, 1, MAP_ID, RECORDS.__getitem__, KEY, anew=True)
+    _check(marks, directory, 2)  # its own folder still anchors it
