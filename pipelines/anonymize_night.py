@@ -17,10 +17,12 @@ import hashlib
 import heapq
 import io
 import logging
+import os
 import re
+import stat
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 
@@ -33,6 +35,7 @@ from kvtrace.transforms.dead_letters import (
     StagedLetters,
     Tally,
     merge_runs,
+    shown_name,
 )
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.schemes import engine_hashes
@@ -53,9 +56,11 @@ from kvtrace.transforms.ids.dense_ids import (
 )
 from kvtrace.transforms.ids.map_record import KINDS, MAX_DAYS, MAX_IDS, is_day, is_int, shown
 from kvtrace.transforms.ids.segments import (
+    DamagedFile,
     SegmentFile,
     check_listed,
     index_path,
+    most_bytes,
     read_matching_files,
     read_segment,
 )
@@ -63,6 +68,7 @@ from kvtrace.transforms.read.measured import join_measured
 from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.timestamps import DAY_MS, EPOCH_CEILING_MS
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES
+from kvtrace.transforms.stats.audit import entry_kind_problem, entry_metadata_problems, row_flags
 from kvtrace.transforms.trace_format import (
     CAPTURE_FIELD,
     CAPTURE_SCHEME,
@@ -75,6 +81,7 @@ from kvtrace.transforms.trace_format import (
     STATS,
     TIME_ORIGIN_FIELD,
     TIMESTAMP_FIELD,
+    TRACE_FILE,
     canonical_json,
     capture_manifest,
     parse_json,
@@ -82,6 +89,7 @@ from kvtrace.transforms.trace_format import (
 from kvtrace.transforms.write.coarsen import published_requests, round_to
 from kvtrace.transforms.write.manifest import (
     KVTRACE_VERSION,
+    RUN_COUNTS,
     RecordCounts,
     check_not_before_origin,
     check_rejected_fraction,
@@ -113,6 +121,7 @@ from kvtrace.transforms.write.rows import (
     shard_count,
 )
 from kvtrace.transforms.write.shards import (
+    BLOCK_HASHES_FILE,
     block_hashes_staging,
     publish_block_hashes,
     shard_plan,
@@ -613,9 +622,10 @@ def stage_night(
     small owner-only record (NIGHT_RECORD) the launcher reads once the job has finished
     (finish_staged): no step of a job commits, so on every runner the order is job done ->
     commit -> publish, and the process that commits is the one that tells (publish.intend).
-    A segment file is recorded by its hash shard: its path is the run's (id_map.segment_path).
-    Returns the record."""
-    record: dict = {"manifest": manifest}
+    A segment file is recorded by its hash shard: its path is the run's (id_map.segment_path);
+    the letters, run counts and block hashes by their digests (staged_beside). Returns the
+    record."""
+    record: dict = {"manifest": manifest, BESIDE: staged_beside(config).files}
     if config.id_map is not None:
         record |= {
             "segments": {
@@ -654,15 +664,16 @@ def _stage_record(config: AnonymizeConfig, record: dict) -> dict:
     return record
 
 
-def finish_staged(config: AnonymizeConfig) -> dict:
+def finish_staged(config: AnonymizeConfig) -> StagedNight:
     """In the launcher, once the job that staged the night (stage_night) has finished: the id
     map's version committed (commit_id_map), then the manifest staged, as the local engine's
-    driver does (publish_night). Returns the manifest to publish (publish_staged). Nothing of
+    driver does (publish_night). Returns the night to publish (publish_staged). Nothing of
     the record is taken on its word: its manifest must be the one the staging folder itself
-    gives (staged_manifest), its facts those of the staged rows (RowTimes), its commit that of
-    the run's segment folder (_staged_commit). A record missing, damaged or out of bounds, or
-    the night refused by a step (stage_refusal), is a one-line JobStopped: nothing committed,
-    nothing published."""
+    gives (staged_manifest), its facts those of the staged rows (RowTimes), its letters, run
+    counts and block hashes those their staging folders hold (staged_beside, _check_counts),
+    its commit that of the run's segment folder (_staged_commit). A record missing, damaged or
+    out of bounds, or the night refused by a step (stage_refusal), is a one-line JobStopped:
+    nothing committed, nothing published."""
     path = storage.join(config.dead_letter, NIGHT_RECORD)
     try:
         record = parse_json(read_bytes(path, MAX_NIGHT_RECORD_BYTES))
@@ -671,6 +682,12 @@ def finish_staged(config: AnonymizeConfig) -> dict:
             staged = _bounded(config, record)
             earliest_ms, times = staged.earliest_ms, staged.times
             manifest = staged_manifest(config, staged.manifest, earliest_ms, times)
+            beside = staged_beside(config)
+            if canonical_json(beside.files) != canonical_json(staged.beside):
+                raise ValueError(
+                    "its letters, run counts or block hashes are not those staged beside it"
+                )
+            _check_counts(beside, manifest)
             segments, added = _staged_commit(config, staged)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         if config.id_map is not None:  # the run's files discarded by a run that won the race
@@ -681,7 +698,64 @@ def finish_staged(config: AnonymizeConfig) -> dict:
     if refused is not None:
         raise JobStopped(refused)
     manifest = commit_id_map(config, manifest, segments, added, earliest_ms, times)
-    return stage_manifest(config, manifest)
+    return StagedNight(stage_manifest(config, manifest), beside.files)
+
+
+class StagedNight(NamedTuple):
+    """A night as its launcher verified and staged it (finish_staged), for the process that
+    publishes it (publish_staged), which holds the staging folders to it once more: the
+    manifest staged, and what is published beside it (staged_beside's files; None where the
+    process that publishes wrote them itself, the local engine)."""
+
+    manifest: dict
+    beside: dict | None = None
+
+
+# What a Beam night publishes beside its trace, as stage_night records it (staged_beside).
+BESIDE = "beside"
+_MAX_RUN_COUNTS_BYTES = 1 << 20  # five counts and a few reasons: KBs
+
+
+class Beside(NamedTuple):
+    files: dict  # the letters (sha256, lines), the run counts' sha256, the block hashes' sha256
+    run_counts: bytes | None  # as digested
+
+
+def staged_beside(config: AnonymizeConfig) -> Beside:
+    """What a night publishes beside its trace, as its staging folders hold it: the run's
+    letters file (its sha256 and its lines: one letter each), its run counts (their sha256)
+    and each block hashes file (its sha256), every file read once."""
+    letters = _digest(storage.join(config.dead_letter, DEAD_LETTER_FILE), lines=True)
+    counts_path = storage.join(config.dead_letter, RUN_COUNTS)
+    counts = _small(counts_path, _MAX_RUN_COUNTS_BYTES) if _present(counts_path) else None
+    hashes = block_hashes_staging(config.block_hashes, config.staging)
+    files = {
+        "letters": letters,
+        "run_counts": None if counts is None else sha256_of(counts),
+        "block_hashes": (
+            {}
+            if hashes is None or not _present(hashes)
+            else staged_files(hashes, writes=lambda name: bool(BLOCK_HASHES_FILE.fullmatch(name)))
+        ),
+    }
+    return Beside(files, counts)
+
+
+def _check_counts(beside: Beside, manifest: dict) -> None:
+    """The run counts (what the summary says) as the staged night gives them: its exported
+    those of its rows (the manifest's), its rejected the letters' lines, read = exported +
+    rejected."""
+    if beside.run_counts is None:
+        raise ValueError(f"it staged no {RUN_COUNTS}")
+    counts = parse_json(beside.run_counts)
+    exported = manifest["records"]["exported"]
+    rejected = 0 if beside.files["letters"] is None else beside.files["letters"]["lines"]
+    said = [counts.get(k) for k in ("read", "exported", "rejected")] if type(counts) is dict else []
+    if said != [exported + rejected, exported, rejected] or not all(type(n) is int for n in said):
+        raise ValueError(
+            f"its {RUN_COUNTS} do not say read = its {exported} rows + its {rejected} staged "
+            "letters"
+        )
 
 
 def _refusal(record: object) -> str | None:
@@ -700,8 +774,10 @@ def staged_manifest(
     """The manifest of the night staged in config.staging, derived from the folder itself in
     one pass (staged_files: every file it holds, nothing more, nothing less, each digest from
     its bytes) with night_manifest, as the job derived it; the record's (recorded) must be it
-    byte for byte, and the record's times those of the rows read in that pass. Returns it; a
-    ValueError names the first difference."""
+    byte for byte, and the record's times those of the rows read in that pass. The files are
+    then held to the audit's own row, twin and stats checks (stats/audit.row_flags), their
+    bytes those digested: a worker's rows kvtrace does not write are never published. Returns
+    it; a ValueError names the first difference."""
     origin = trace_origin_ms(config.timestamp_origin_ms, earliest_ms)
     rows = RowTimes(
         rows_origin_ms(config, origin, earliest_ms), origin, config.coarsening.timestamp_ms
@@ -712,6 +788,11 @@ def staged_manifest(
     manifest = night_manifest(config, files, stats, earliest_ms, origin)
     if manifest["sha256"] != digests:  # stats.json not as night_manifest writes its digest
         raise ValueError(f"its staged {STATS} is not the stats kvtrace writes")
+    flags, read = row_flags(config.staging, sorted(digests), manifest)
+    if flags:
+        raise ValueError(f"its staged output is not what kvtrace writes ({flags[0]})")
+    if any(digests.get(name) != digest for name, digest in read.items()):
+        raise ValueError("its staged files changed while they were checked")
     if type(recorded) is not dict:
         raise ValueError("its manifest is not an object")
     if canonical_json(recorded) != canonical_json(manifest):
@@ -735,14 +816,26 @@ _POWERS = 10 ** np.arange(_TIME_DIGITS + 1, dtype=np.int64)
 _READ_BYTES = 1 << 20
 
 
-def staged_files(folder: str, rows: RowTimes | None = None) -> dict[str, str]:
-    """Every file in folder (a subfolder's too, as a/b), by name -> the sha256 of its bytes,
-    read once; rows, if given, fed each JSONL shard's rows in that same read."""
+def _trace_file(name: str) -> bool:
+    """A name kvtrace writes in a trace's staging folder."""
+    return name in (MANIFEST, STATS) or TRACE_FILE.fullmatch(name) is not None
+
+
+# A trace's files: each shard's two (99,999 shards at most: TRACE_FILE), stats and manifest.
+_MOST_STAGED_FILES = 2 * 99_999 + 2
+
+
+def staged_files(
+    folder: str, rows: RowTimes | None = None, writes: Callable[[str], bool] = _trace_file
+) -> dict[str, str]:
+    """Every file in folder, by name -> the sha256 of its bytes, read once, once every entry
+    is one kvtrace writes there (_listed); rows, if given, fed each JSONL shard's rows in that
+    same read."""
     digests = {}
-    for name in storage.files_in(folder, nested=True):
+    for name in _listed(folder, writes):
         digest = hashlib.sha256()
         pending = b""
-        with storage.open_read(storage.join(folder, name)) as handle:
+        with _opened(storage.join(folder, name)) as handle:
             while chunk := handle.read(_READ_BYTES):
                 digest.update(chunk)
                 if rows is not None and name.endswith(".jsonl"):
@@ -756,6 +849,67 @@ def staged_files(folder: str, rows: RowTimes | None = None) -> dict[str, str]:
             raise ValueError(f"{shown(name)} ends inside a row")
         digests[name] = digest.hexdigest()
     return digests
+
+
+def _listed(folder: str, writes: Callable[[str], bool]) -> list[str]:
+    """The names of a staging folder's files, sorted, once each entry is one kvtrace writes
+    there: a name it writes (writes), a regular file of one link carrying nothing kvtrace does
+    not set (the audit's own entry checks: entry_kind_problem, entry_metadata_problems), in a
+    folder that is no link; a ValueError at the first other entry, and past the most files
+    kvtrace writes, as the folder is listed: leftovers by the hundred thousand are never held,
+    nor digested. An object store's folder (no links, no metadata read) by its names."""
+    if storage.is_url(folder):
+        names = storage.files_in(folder, nested=True)
+        odd = [name for name in names if not writes(name)]
+        if odd:
+            raise ValueError(f"{folder} holds a file kvtrace does not write there: {shown(odd[0])}")
+        return names
+    if not stat.S_ISDIR(os.lstat(folder).st_mode):
+        raise ValueError(f"{folder} is not a folder of its own (a link?)")
+    names = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            problem = (
+                None if writes(entry.name) else f"a file kvtrace does not write there: {entry.name}"
+            )
+            problem = problem or entry_kind_problem(entry)
+            problem = problem or next(iter(entry_metadata_problems(entry.path, entry.name)), None)
+            if problem:
+                raise ValueError(f"{shown_name(folder)} holds {shown_name(problem)}")
+            names.append(entry.name)
+            if len(names) > _MOST_STAGED_FILES:
+                raise ValueError(f"{folder} holds more files than kvtrace writes")
+    return sorted(names)
+
+
+def _opened(path: str) -> IO[bytes]:
+    """A staged file opened to read, never through a link (storage.open_regular) where local."""
+    return storage.open_read(path) if storage.is_url(path) else storage.open_regular(path)[0]
+
+
+def _present(path: str) -> bool:
+    return storage.exists(path) if storage.is_url(path) else os.path.lexists(path)
+
+
+def _small(path: str, limit: int) -> bytes:
+    """A small staged file's bytes, read once; a ValueError past limit."""
+    with _opened(path) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} is larger than kvtrace writes it")
+    return data
+
+
+def _digest(path: str, lines: bool = False) -> dict | None:
+    """A staged file's sha256 (and its lines, if asked), read once in chunks; None if absent."""
+    if not _present(path):
+        return None
+    digest, count = hashlib.sha256(), 0
+    with _opened(path) as handle:
+        while chunk := handle.read(_READ_BYTES):
+            digest.update(chunk)
+            count += chunk.count(b"\n")
+    return {"sha256": digest.hexdigest(), **({"lines": count} if lines else {})}
 
 
 class RowTimes:
@@ -892,6 +1046,7 @@ class StagedRecord(NamedTuple):
     bounds: nothing more is known of it (staged_manifest, _staged_commit judge the rest)."""
 
     manifest: Any
+    beside: Any  # staged_beside's files: compared with the folders', never read otherwise
     segments: dict[str, list[tuple[int, tuple[dict, dict, int]]]]  # by kind: shard, checksums
     added: dict[str, int]
     earliest_ms: int | None
@@ -902,16 +1057,15 @@ def _bounded(config: AnonymizeConfig, record: Any) -> StagedRecord:
     """The record's fields exactly, each of its type and in its range (without an id map, the
     record is its manifest alone), before any is used."""
     if config.id_map is None:
-        return StagedRecord(
-            _items(record, {"manifest"})["manifest"], {}, {}, None, id_map.NightTimes()
-        )
+        _items(record, {"manifest", BESIDE})
+        return StagedRecord(record["manifest"], record[BESIDE], {}, {}, None, id_map.NightTimes())
     _items(record, _RECORD_KEYS)
     segments = {
         kind: _staged_files(config, entries, kind)
         for kind, entries in _items(record["segments"], KINDS).items()
     }
     added = {kind: _whole(n, MAX_IDS) for kind, n in _items(record["added"], KINDS).items()}
-    return StagedRecord(record["manifest"], segments, added, *_staged_times(record))
+    return StagedRecord(record["manifest"], record[BESIDE], segments, added, *_staged_times(record))
 
 
 def _items(value: Any, keys: Iterable[str]) -> dict:
@@ -927,7 +1081,7 @@ def _items(value: Any, keys: Iterable[str]) -> dict:
 
 
 # The record's fields as stage_night writes them: with an id map, and without one.
-_RECORD_KEYS = {"manifest", "segments", "added", "earliest_ms", "times"}
+_RECORD_KEYS = {"manifest", BESIDE, "segments", "added", "earliest_ms", "times"}
 _ENTRY_KEYS = ("shard", "data", "index", "rows")
 # A segment file's checksums as segments.parquet_checksum and checksum write them.
 _DATA_KEYS, _INDEX_KEYS = ("sha256", "bytes", "footer_sha256"), ("sha256", "bytes")
@@ -969,8 +1123,10 @@ def _checksums(value: Any, keys: tuple[str, ...]) -> dict:
 
 def _check_run_folder(folder: str, segments: dict[str, list[SegmentFile]]) -> None:
     """The files the record lists (each segment file and its index) are exactly those in the
-    run's segment folder, each index of the size the record gives it (read whole, so its size
-    bounds a read): a file left out of the record would be in no version."""
+    run's segment folder, each index of the size the record gives it, and each file no larger
+    than write_segment writes for the rows the record says it holds (segments.most_bytes),
+    found before a byte is read: a file left out of the record would be in no version, and a
+    huge one is refused by its size."""
     listed = {
         name.rsplit("/", 1)[1]
         for kind in KINDS
@@ -991,15 +1147,27 @@ def _check_run_folder(folder: str, segments: dict[str, list[SegmentFile]]) -> No
             raise ValueError(
                 f"it says {index_path(segment.path)} is {segment.index['bytes']} bytes, not {size}"
             )
+        most = most_bytes(segment.rows)
+        with storage.open_read(segment.path) as handle:
+            data = handle.seek(0, io.SEEK_END)
+        for path, found, bound in (
+            (segment.path, data, most[0]),
+            (index_path(segment.path), size, most[2]),
+        ):
+            if found > bound:
+                raise ValueError(
+                    f"{path} is {found} bytes, more than kvtrace writes for its "
+                    f"{segment.rows} rows ({bound})"
+                )
 
 
 def _verified(segment: SegmentFile) -> SegmentFile:
     """The segment once its file matches its checksums, its rows those of its verified footer."""
     try:
         rows = check_listed(segment)
-    except JobStopped as err:
+    except DamagedFile as err:  # a file no version lists: no backup of the map restores it
         raise ValueError(
-            f"its checksums of {segment.path} are not the file's: {JobStopped.message_in(err)}"
+            f"its checksums of {segment.path} are not the file's ({err.why})"
         ) from None
     if rows != segment.rows:
         raise ValueError(f"it says {segment.path} holds {segment.rows} rows, its footer {rows}")
@@ -1052,7 +1220,7 @@ def publish_trace(config: AnonymizeConfig, manifest: dict) -> dict:
     """The run's last step, once the id map (if any) has committed: the manifest staged, then
     published with the rest (publish_staged). Returns the manifest."""
     stage_manifest(config, manifest)
-    return publish_staged(config, manifest)
+    return publish_staged(config, StagedNight(manifest))
 
 
 def stage_manifest(config: AnonymizeConfig, manifest: dict) -> dict:
@@ -1061,33 +1229,44 @@ def stage_manifest(config: AnonymizeConfig, manifest: dict) -> dict:
     return manifest
 
 
-def publish_staged(config: AnonymizeConfig, manifest: dict) -> dict:
+def publish_staged(config: AnonymizeConfig, night: StagedNight) -> dict:
     """The staging folder, its manifest staged, in the output's place, whole; the block hashes
     after the output they belong to, never before it. One publication: a stop waits for both,
     and block hashes that cannot be published put the trace back. Run by the process that
-    reports (the Beam engine's parent: anonymize_beam.run_beam). Returns the manifest."""
+    reports (the Beam engine's parent: anonymize_beam.run_beam), once check_staged holds the
+    folders to the night it was given (the Beam engine's: what its child verified and staged).
+    Returns the manifest."""
     # The measured parts joined first, while nothing is published: from the publication on,
     # settling the run's letters is renames only (publish.DeadLetterRun).
-    staged = read_bytes(manifest_path(config.staging), MAX_MANIFEST_BYTES)
-    check_staged(config.staging, staged)
-    join_measured(config.dead_letter, sha256_of(staged))
+    check_staged(config, night)
+    join_measured(config.dead_letter, sha256_of(canonical_json(night.manifest)))
     with publication():
         publish_folder(config.staging, config.output)
-        return publish_block_hashes(config.block_hashes, config.staging, manifest)
+        return publish_block_hashes(config.block_hashes, config.staging, night.manifest)
 
 
-def check_staged(folder: str, staged: bytes) -> None:
-    """The staging folder holds exactly the files its manifest (staged: its bytes) lists, each
-    with the digest it gives, read from the bytes about to be published, last before the swap:
-    a file written after the manifest took its digest (a retried task's attempt still writing)
-    is a one-line JobStopped, nothing published."""
-    listed = dict(parse_json(staged)["sha256"]) | {MANIFEST: sha256_of(staged)}
-    found = staged_files(folder)
-    if found != listed:
-        odd = sorted(
-            name for name in found.keys() | listed.keys() if found.get(name) != listed.get(name)
-        )
+def check_staged(config: AnonymizeConfig, night: StagedNight) -> None:
+    """Last before the swap, from the bytes about to be published: the staged manifest is the
+    night's (canonical JSON of night.manifest, never read back on the folder's word), the
+    staging folder holds exactly the files it lists, each with the digest it gives (a file
+    written after the manifest took its digest, a retried task's attempt still writing), and
+    what is published beside it is what night.beside says (the letters, run counts and block
+    hashes the launcher verified). Else a one-line JobStopped, nothing published."""
+    folder, manifest = config.staging, canonical_json(night.manifest)
+    try:
+        if _small(manifest_path(folder), MAX_MANIFEST_BYTES) != manifest:
+            raise ValueError(f"its {MANIFEST} is not the manifest the night staged")
+        listed = dict(night.manifest["sha256"]) | {MANIFEST: sha256_of(manifest)}
+        found = staged_files(folder, writes=listed.__contains__)
+        odd = sorted(k for k in found.keys() | listed.keys() if found.get(k) != listed.get(k))
+        if odd:
+            raise ValueError(
+                f"{shown(odd[0])} differs from what its manifest lists (written after its "
+                "digest, or not listed)"
+            )
+        if night.beside is not None and staged_beside(config).files != night.beside:
+            raise ValueError("its letters, run counts or block hashes changed since verified")
+    except (OSError, ValueError) as err:
         raise JobStopped(
-            f"the staged output {folder} is not what its manifest lists ({odd[0][:40]!r} "
-            "differs: written after its digest, or not listed); nothing was published"
-        )
+            f"the staged output {folder} is not what was verified ({err}); nothing was published"
+        ) from None

@@ -83,7 +83,6 @@ beam_engine.publish_staged = _replaced
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_staging_folder_replaced_after_the_child_checked_it_publishes_nothing(
     tiny_tokenizer, tmp_path
 ):
@@ -139,7 +138,6 @@ night._stage_record = _entries
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_staging_folder_holding_entries_kvtrace_never_writes_publishes_nothing(
     tiny_tokenizer, tmp_path
 ):
@@ -205,7 +203,6 @@ night._stage_record = _emptied
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_nights_letters_emptied_before_the_commit_are_not_published_as_its_own(
     tiny_tokenizer, tmp_path
 ):
@@ -232,7 +229,6 @@ def test_a_nights_letters_emptied_before_the_commit_are_not_published_as_its_own
         assert not (tmp_path / "out").exists() and not letters
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_nights_block_hashes_emptied_before_the_commit_are_not_published(
     tiny_tokenizer, tmp_path
 ):
@@ -274,7 +270,6 @@ shards.jsonl_bytes = _foreign
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_shard_a_worker_wrote_unlike_kvtrace_is_not_published(tiny_tokenizer, tmp_path):
     """Promise (brief: accept only what kvtrace itself would write; nothing private published;
     docs/AUDIT.md: 'The gate passes only what kvtrace itself writes'). The cause of the test
@@ -325,7 +320,6 @@ night._stage_record = _grown
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 26")
 def test_a_huge_staged_segment_file_is_refused_in_bounded_memory(tiny_tokenizer, tmp_path):
     """Promise (brief: bounded memory on a huge staged file; docs/BOUNDS.md, 'a Beam night's
     staged record': 'an index's size its file's before it is read', so that an index size of

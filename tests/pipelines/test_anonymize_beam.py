@@ -148,11 +148,13 @@ def test_the_pipeline_only_stages_the_night_and_its_launcher_commits_the_id_map(
         assert staged["added"]["blocks"] > 0 and staged["earliest_ms"] == 1_000
         assert sorted(staged["segments"]) == ["blocks", "sessions"]
 
-        manifest = finish_staged(job)  # the launcher, the job done
+        night = finish_staged(job)  # the launcher, the job done
         assert current_version_number(directory) == 1
-        assert json.loads(open(manifest_path(job.staging)).read()) == manifest
-        assert manifest == staged["manifest"]  # a first night: the start it was numbered from
-    publish_staged(job, manifest)
+        assert json.loads(open(manifest_path(job.staging)).read()) == night.manifest
+        # a first night: the start it was numbered from
+        assert night.manifest == staged["manifest"]
+        assert night.beside == staged["beside"]  # as the job recorded it, verified again
+    publish_staged(job, night)
     assert (tmp_path / "out" / "manifest.json").is_file()
     assert not (tmp_path / "out" / NIGHT_RECORD).exists()  # private: never in the output
 

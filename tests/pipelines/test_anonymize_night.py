@@ -220,6 +220,7 @@ def test_a_night_records_value_is_read_as_a_map_reads_it_and_shown_cut(tmp_path,
     entry = {"shard": shard, "data": {}, "index": {}, "rows": 1}
     record = {
         "manifest": {},
+        "beside": {},
         "segments": {"blocks": [entry] if shard else [], "sessions": []},
         "added": {"blocks": 0, "sessions": 0},
         "earliest_ms": None,
@@ -372,29 +373,76 @@ def test_a_staged_row_must_begin_with_its_time():
         anonymize_night.RowTimes(0, 0, 1).add(b'{"input_length": 1, "timestamp": 0}\n', "t.jsonl")
 
 
-@pytest.mark.parametrize("fault", ["none", "appended", "leftover", "missing"])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "none",
+        "appended",
+        "leftover",
+        "missing",
+        "replaced",
+        "link",
+        "hard link",
+        "fifo",
+        "subfolder",
+        "attribute",
+        "folder link",
+    ],
+)
 def test_a_staged_folder_is_published_only_as_its_manifest_lists_it(tmp_path, fault):
-    """check_staged, last before the swap: every file the manifest lists, with its digest, and
-    no other; a one-line JobStopped otherwise."""
+    """check_staged, last before the swap: the staged manifest the night's own (not another
+    whole output's, its manifest.json beside it), every file it lists, with its digest, and no
+    other, each a regular file of one link carrying nothing kvtrace does not set, in a folder
+    that is no link (the audit's own entry checks); a one-line JobStopped otherwise."""
+    import os
+    from types import SimpleNamespace
+
+    from kvtrace.transforms.trace_format import canonical_json
+
     folder = tmp_path / "staging"
     folder.mkdir()
-    (folder / "trace.jsonl").write_bytes(b"rows\n")
+    shard = "trace-00000-of-00001.jsonl"
+    (folder / shard).write_bytes(b"rows\n")
     (folder / "stats.json").write_bytes(b"{}")
-    sha256 = {name: hashlib.sha256(b).hexdigest() for name, b in [("trace.jsonl", b"rows\n")]}
+    sha256 = {shard: hashlib.sha256(b"rows\n").hexdigest()}
     sha256["stats.json"] = hashlib.sha256(b"{}").hexdigest()
-    staged = json.dumps({"sha256": sha256}).encode()
-    (folder / "manifest.json").write_bytes(staged)
+    manifest = {"sha256": sha256}
+    (folder / "manifest.json").write_bytes(canonical_json(manifest))
+    staging = folder
     if fault == "appended":
-        (folder / "trace.jsonl").write_bytes(b"rows\nlate\n")
+        (folder / shard).write_bytes(b"rows\nlate\n")
     elif fault == "leftover":
         (folder / "other.jsonl").write_bytes(b"")
     elif fault == "missing":
         (folder / "stats.json").unlink()
+    elif fault == "replaced":  # another output, its own manifest listing it
+        (folder / shard).write_bytes(b"other\n")
+        other = {"sha256": sha256 | {shard: hashlib.sha256(b"other\n").hexdigest()}}
+        (folder / "manifest.json").write_bytes(canonical_json(other))
+    elif fault == "link":
+        (folder / "stats.json").unlink()
+        (folder / "stats.json").symlink_to(tmp_path / "elsewhere")
+    elif fault == "hard link":
+        os.link(folder / shard, tmp_path / "outside")
+    elif fault == "fifo":
+        os.mkfifo(folder / "trace-00001-of-00002.jsonl")
+    elif fault == "subfolder":
+        (folder / "trace-00001-of-00002.jsonl").mkdir()
+    elif fault == "attribute":
+        try:
+            os.setxattr(folder / shard, "user.note", b"my card is 4111")
+        except OSError:
+            pytest.skip("no user extended attributes here")
+    elif fault == "folder link":
+        staging = tmp_path / "link"
+        staging.symlink_to(folder)
+    job = SimpleNamespace(staging=str(staging))
+    night = anonymize_night.StagedNight(manifest)
     if fault == "none":
-        anonymize_night.check_staged(str(folder), staged)
+        anonymize_night.check_staged(job, night)
         return
-    with pytest.raises(JobStopped, match="is not what its manifest lists") as refused:
-        anonymize_night.check_staged(str(folder), staged)
+    with pytest.raises(JobStopped, match="is not what was verified") as refused:
+        anonymize_night.check_staged(job, night)
     assert "\n" not in str(refused.value)
 
 
@@ -427,3 +475,30 @@ def test_a_run_that_rejected_nothing_writes_no_letters_file_on_an_object_store(s
     assert path is not None and path.startswith("s3://letters/run/")
     (written,) = s3.list_objects_v2(Bucket="letters")["Contents"]
     assert b"wrong_type" in s3.get_object(Bucket="letters", Key=written["Key"])["Body"].read()
+
+
+@pytest.mark.parametrize(
+    "counts, lines, passes",
+    [
+        ({"read": 9, "exported": 8, "rejected": 1}, 1, True),
+        ({"read": 8, "exported": 8, "rejected": 0}, None, True),  # no letters file
+        ({"read": 9, "exported": 8, "rejected": 1}, 0, False),  # the letters emptied
+        ({"read": 9, "exported": 8, "rejected": 1}, None, False),  # the letters removed
+        ({"read": 10, "exported": 8, "rejected": 1}, 1, False),  # read != exported + rejected
+        ({"read": 9, "exported": 7, "rejected": 2}, 2, False),  # exported not the rows'
+        ({"read": 9.0, "exported": 8, "rejected": 1}, 1, False),
+        ([9, 8, 1], 1, False),
+    ],
+)
+def test_a_staged_nights_run_counts_are_those_of_its_rows_and_letters(counts, lines, passes):
+    """_check_counts: what the summary says (the run counts) is what was staged: exported the
+    rows the manifest derived from the folder, rejected the staged letters' lines (one letter
+    each), read = exported + rejected; anything else refuses the night."""
+    letters = None if lines is None else {"sha256": "0" * 64, "lines": lines}
+    beside = anonymize_night.Beside({"letters": letters}, json.dumps(counts).encode())
+    manifest = {"records": {"exported": 8}}
+    if passes:
+        anonymize_night._check_counts(beside, manifest)
+    else:
+        with pytest.raises(ValueError, match="read = its 8 rows"):
+            anonymize_night._check_counts(beside, manifest)

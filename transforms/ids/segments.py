@@ -95,11 +95,34 @@ def _footer(data: bytes) -> bytes:
     return data[-min(len(data), length + 8) :]
 
 
+class DamagedFile(JobStopped):
+    """A map file unlike what lists it. Its path and why are kept apart, so a staged night's
+    file, which no version lists, is refused without the map's advice (restore a backup)."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(
+            f"id map file {path} is damaged ({why}). Restore the id map from a backup; "
+            f"the map was not extended and no trace was published"
+        )
+        self.path, self.why = path, why
+
+    def __reduce__(self) -> tuple:  # pickled whole from a Beam child
+        return DamagedFile, (self.path, self.why)
+
+
 def damaged(path: str, why: str) -> JobStopped:
-    return JobStopped(
-        f"id map file {path} is damaged ({why}). Restore the id map from a backup; "
-        f"the map was not extended and no trace was published"
-    )
+    return DamagedFile(path, why)
+
+
+# At most what write_segment writes for a file of n rows, in bytes (measured: a footer is
+# ~700 bytes plus ~190 per row group, the data ~23 bytes a row, an index its Bloom filter,
+# 48 bytes per row group and ~1 KB of archive headers), with room to spare: a staged file of
+# more is refused by its size, unread.
+def most_bytes(rows: int) -> tuple[int, int, int]:
+    """(data file, its footer, its index) bytes at most, for a segment file of rows rows."""
+    groups = -(-rows // ROW_GROUP_ROWS)
+    footer = 4096 + 1024 * groups
+    return footer + 32 * rows, footer, 4096 + bloom.bloom_bits(rows) // 8 + 64 * groups
 
 
 def _check(path: str, found: dict, expected: dict) -> None:
@@ -145,10 +168,13 @@ def _read_whole(path: str, expected: dict) -> bytes:
     return data
 
 
-def _read_footer(handle: IO[bytes], size: int) -> bytes:
-    """The footer, its length and magic, read from the end of an open file of `size` bytes."""
+def _read_footer(handle: IO[bytes], size: int, path: str, limit: int | None = None) -> bytes:
+    """The footer, its length and magic, read from the end of an open file of `size` bytes;
+    a length past the file's data or over limit (most_bytes' footer) is damage, told unread."""
     handle.seek(max(0, size - 8))
     length = int.from_bytes(handle.read(8)[:4], "little")
+    if length > max(0, size - 12) or (limit is not None and length > limit):
+        raise damaged(path, f"a footer of {length} bytes")
     handle.seek(max(0, size - 8 - length))
     return handle.read()
 
@@ -351,17 +377,18 @@ def _next_rows(reader: Iterator[np.ndarray]) -> np.ndarray | None:
     return None
 
 
-def _verify_whole(segment: SegmentFile) -> None:
-    """The whole file against its sha256, read in chunks (a shard's file may be large)."""
+def _verify_whole(path: str, expected: dict) -> None:
+    """The whole file against its checksum, read in chunks (a shard's file may be large) and
+    no further than one byte past its recorded size (a file that grew is told so)."""
     digest, size = hashlib.sha256(), 0
     try:
-        with _opened(segment.path) as handle:
-            while chunk := handle.read(VERIFY_CHUNK_BYTES):
+        with _opened(path) as handle:
+            while size <= expected["bytes"] and (chunk := handle.read(VERIFY_CHUNK_BYTES)):
                 digest.update(chunk)
                 size += len(chunk)
     except OSError as err:
-        raise damaged(segment.path, f"unreadable: {err.strerror or err}") from None
-    _check(segment.path, {"sha256": digest.hexdigest(), "bytes": size}, segment.data)
+        raise damaged(path, f"unreadable: {err.strerror or err}") from None
+    _check(path, {"sha256": digest.hexdigest(), "bytes": size}, expected)
 
 
 def _record_batches(segment: SegmentFile, rows: int) -> Iterator[np.ndarray]:
@@ -369,7 +396,7 @@ def _record_batches(segment: SegmentFile, rows: int) -> Iterator[np.ndarray]:
     file whose index has no digests: the whole file verified first, then read)."""
     index = read_index(segment)
     if index.group_sha256 is None:
-        _verify_whole(segment)
+        _verify_whole(segment.path, segment.data)
         with _opened(segment.path) as handle:
             for batch in pq.ParquetFile(handle).iter_batches(batch_size=rows):
                 yield check_rows(segment, _numbered(batch))
@@ -396,7 +423,7 @@ def _row_count(segment: SegmentFile) -> int:
     index = read_index(segment)
     try:
         if index.group_sha256 is None:
-            _verify_whole(segment)
+            _verify_whole(segment.path, segment.data)
             with _opened(segment.path) as handle:
                 return pq.ParquetFile(handle).metadata.num_rows
         with _opened(segment.path) as handle:
@@ -506,7 +533,9 @@ def _checked_footer(handle: IO[bytes], segment: SegmentFile) -> tuple[int, bytes
     """The size and footer of an open segment file, once they match what the map recorded."""
     size = handle.seek(0, io.SEEK_END)
     _check(segment.path, {"bytes": size}, segment.data)
-    footer = _read_footer(handle, size)
+    # A file just written (no version lists it yet) is bounded by the rows it says it holds.
+    limit = most_bytes(segment.rows)[1] if segment.bounds is None else None
+    footer = _read_footer(handle, size, segment.path, limit)
     _check(segment.path, {"footer_sha256": hashlib.sha256(footer).hexdigest()}, segment.data)
     return size, footer
 
@@ -516,7 +545,7 @@ def check_listed(segment: SegmentFile) -> int:
     the record's digests (the footer fixes every row group's place; the index holds each row
     group's digest, so a row group is verified whenever it is read, never here). Returns the
     rows its verified footer says it holds."""
-    _read_whole(index_path(segment.path), segment.index)
+    _verify_whole(index_path(segment.path), segment.index)  # in chunks: loaded once verified
     try:
         with _opened(segment.path) as handle:
             _, footer = _checked_footer(handle, segment)

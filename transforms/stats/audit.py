@@ -233,16 +233,7 @@ def _audit(
         names = _entries(folder, gate)
         manifest = _manifest(folder, names, window_start is not None, gate)
         night = _night_rows(manifest, given, window_start is not None)
-        for jsonl, parquet in _shard_pairs(names, gate):
-            # A shard without its twin is flagged already; its rows are not read (a JSONL
-            # file alone would be parsed into Python objects).
-            columns = (
-                _shard(folder, jsonl, parquet, gate, night=night) if jsonl and parquet else None
-            )
-            if columns is None:
-                rows.complete = False
-            else:
-                rows.add(columns, manifest)
+        rows = _folder_rows(folder, names, manifest, gate, night)
         if manifest is not None:
             _check_folder_against(folder, names, manifest, rows, gate)
             identity = night.identity() if night is not None and rows.complete else None
@@ -545,10 +536,9 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
         gate.stat[""] = os.stat(folder)
         names = []
         for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-            if entry.is_dir(follow_symlinks=False):
-                gate.flag(f"a subfolder: {entry.name}")
-            elif not entry.is_file(follow_symlinks=False):
-                gate.flag(f"not a regular file (a link, FIFO or device): {entry.name}")
+            kind = entry_kind_problem(entry)
+            if kind:
+                gate.flag(kind)
             else:
                 names.append(entry.name)
                 gate.stat[entry.name] = entry.stat(follow_symlinks=False)
@@ -560,6 +550,31 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
                 + (" (hidden)" if name.startswith(".") else "")
             )
     return [n for n in names if n in (MANIFEST, STATS) or TRACE_FILE.fullmatch(n)]
+
+
+def entry_kind_problem(entry: os.DirEntry) -> str | None:
+    """Why a local folder's entry is no file kvtrace publishes, as the gate flags it, without
+    following it: a subfolder, anything but a regular file (a link, FIFO, socket or device), or
+    a file of more than one name (a hard link: a write to the other name changes the published
+    bytes in place); None for a regular file of its own. The launcher holds a staged folder's
+    entries to this, and to entry_metadata_problems, before publishing them."""
+    if entry.is_dir(follow_symlinks=False):
+        return f"a subfolder: {entry.name}"
+    if not entry.is_file(follow_symlinks=False):
+        return f"not a regular file (a link, FIFO or device): {entry.name}"
+    links = entry.stat(follow_symlinks=False).st_nlink
+    if links != 1:
+        return f"{entry.name}: a file of {links} names (a hard link), not one of its own"
+    return None
+
+
+def entry_metadata_problems(path: str, name: str, kept: frozenset[str] = frozenset()) -> list[str]:
+    """What a local entry carries beside its bytes that kvtrace does not set, as the gate flags
+    it (_check_attributes): foreign metadata (storage.foreign_metadata) and foreign owners."""
+    problems = storage.foreign_metadata(path, name, kept, owners=False)
+    if storage.foreign_owners(os.lstat(path)):  # one line for the folder: never crowds out others
+        problems.append(f"the folder or its entries: {storage.FOREIGN_OWNERS}")
+    return problems
 
 
 # An SELinux context as the kernel stores it: user:role:type[:level], ASCII, NUL-terminated.
@@ -579,10 +594,8 @@ def _check_attributes(
     folder to (extended attributes, inode flags, owners). The SELinux label, which a security
     module sets on every file, is kept for _check_file_metadata; so are kept attributes (a
     stream's folder's output mark, its bytes checked by the caller)."""
-    for problem in storage.foreign_metadata(path, name, kept, owners=False):
+    for problem in entry_metadata_problems(path, name, kept):
         gate.flag(problem)
-    if storage.foreign_owners(os.lstat(path)):  # one line for the folder: never crowds out others
-        gate.flag(f"the folder or its entries: {storage.FOREIGN_OWNERS}")
     try:
         gate.labels[name] = os.getxattr(path, SELINUX_ATTRIBUTE, follow_symlinks=False)
     except OSError as err:
@@ -940,6 +953,38 @@ def _check_folder_against(
     rows.check_output_chains()
     for problem in rows.problems:
         gate.flag(problem)
+
+
+def row_flags(folder: str, names: list[str], manifest: dict) -> tuple[list[str], dict[str, str]]:
+    """The gate's row, twin and stats checks of a local folder's shards and stats.json (names:
+    its files) against its manifest, as _audit makes them: the launcher holds a staged night to
+    these before it publishes it. Returns the flags and the sha256 of every file read, so the
+    caller holds the bytes checked to those it digested."""
+    gate = _Gate()
+    _check_folder_against(
+        folder, names, manifest, _folder_rows(folder, names, manifest, gate), gate
+    )
+    return gate.flags, gate.sha256
+
+
+def _folder_rows(
+    folder: str,
+    names: list[str],
+    manifest: dict | None,
+    gate: _Gate,
+    night: NightRows | None = None,
+) -> _Rows:
+    """The rows of a folder's shards (names: its files), each shard checked as it is read."""
+    rows = _Rows()
+    for jsonl, parquet in _shard_pairs(names, gate):
+        # A shard without its twin is flagged already; its rows are not read (a JSONL file
+        # alone would be parsed into Python objects).
+        columns = _shard(folder, jsonl, parquet, gate, night=night) if jsonl and parquet else None
+        if columns is None:
+            rows.complete = False
+        else:
+            rows.add(columns, manifest)
+    return rows
 
 
 def _stats_of(rows: _Rows, published: bytes) -> dict:

@@ -170,3 +170,47 @@ def test_a_segment_files_footer_holds_its_rows_digest(tmp_path):
     assert merged.data == whole.data
     digest = pq.read_metadata(merged.path).metadata[segments.ROWS_SHA256.encode()]
     assert len(digest) == 64
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 20_000))
+def test_what_write_segment_writes_is_within_most_bytes(tmp_path_factory, n):
+    """most_bytes bounds a staged file by the rows it says it holds: every file write_segment
+    writes (its data, footer and index) lies within it, so a launcher that refuses a larger
+    one never refuses kvtrace's own."""
+    path = str(tmp_path_factory.mktemp("segment") / "blocks-00000.parquet")
+    segment = segments.write_segment(path, [numbered(n, n)])
+    data = open(path, "rb").read()
+    most_data, most_footer, most_index = segments.most_bytes(n)
+    assert len(data) <= most_data
+    assert int.from_bytes(data[-8:-4], "little") <= most_footer
+    assert segment.index["bytes"] <= most_index
+
+
+def test_a_huge_footer_or_index_is_refused_unread(tmp_path):
+    """check_listed on a just-written file: a footer length past most_bytes' is damage told
+    before it is read, and an index of another size is refused within a read past its recorded
+    size (never held whole); either says why, apart from the map's advice (DamagedFile.why),
+    and the refusal survives a Beam child's pickling."""
+    import os
+    import pickle
+
+    import pytest
+
+    path = str(tmp_path / "blocks-00000.parquet")
+    segment = segments.write_segment(path, [numbered(10, 0)])
+    assert segments.check_listed(segment) == 10
+    index = segments.index_path(path)
+    os.truncate(index, 1 << 30)  # sparse: a digest of all of it would read a GiB
+    with pytest.raises(segments.DamagedFile) as refused:
+        segments.check_listed(segment)
+    assert "sha256 or size" in refused.value.why
+    assert pickle.loads(pickle.dumps(refused.value)).why == refused.value.why
+    segment = segments.write_segment(path, [numbered(10, 0)])
+    os.truncate(path, (1 << 30) + 16)  # sparse, its last 8 bytes a footer of a GiB
+    with open(path, "r+b") as handle:
+        handle.seek(-8, os.SEEK_END)
+        handle.write((1 << 30).to_bytes(4, "little") + b"PAR1")
+    grown = segment._replace(data=segment.data | {"bytes": (1 << 30) + 16})
+    with pytest.raises(segments.DamagedFile, match=f"a footer of {1 << 30} bytes"):
+        segments.check_listed(grown)

@@ -171,6 +171,28 @@ def _gap_flags(shards: list[list[int]], granule_ms: int, last_ms: int = -1) -> l
     return rows.problems
 
 
+def test_an_entry_is_published_only_as_a_regular_file_of_one_name(tmp_path):
+    """The gate's entry check, the one a Beam night's launcher holds its staging folder to: a
+    hard-linked file (a write to its other name changes the published bytes in place), a link,
+    a FIFO and a subfolder are each flagged by name; a file of its own passes."""
+    from kvtrace.transforms.stats.audit import _entries, _Gate
+
+    (tmp_path / "stats.json").write_bytes(b"{}")
+    (tmp_path / "manifest.json").write_bytes(b"{}")
+    os.link(tmp_path / "manifest.json", tmp_path.parent / f"{tmp_path.name}-outside")
+    (tmp_path / "trace-00000-of-00001.jsonl").symlink_to(tmp_path / "stats.json")
+    os.mkfifo(tmp_path / "trace-00000-of-00001.parquet")
+    (tmp_path / "more").mkdir()
+    gate = _Gate()
+    assert _entries(str(tmp_path), gate) == ["stats.json"]
+    assert gate.flags == [
+        "manifest.json: a file of 2 names (a hard link), not one of its own",
+        "a subfolder: more",
+        "not a regular file (a link, FIFO or device): trace-00000-of-00001.jsonl",
+        "not a regular file (a link, FIFO or device): trace-00000-of-00001.parquet",
+    ]
+
+
 def test_rows_over_the_batch_rules_gap_apart_are_flagged():
     """Rows whose zero (or one row) came from a clock gone wrong lie years apart: the gate
     refuses what the batch job would have lettered, in every folder (a night's, a map night's,
