@@ -203,3 +203,100 @@ def test_a_sequence_stopped_at_a_stop_string_counts_the_stop_strings_tokens(tmp_
     code, rows, dead = qwen3_run(tmp_path, [record], "--max-rejected-fraction", "1", *THINKING_OFF)
     assert dead == [] and len(rows) == 1
     assert rows[0]["output_length"] == _tokens(content + stop)
+
+
+TIDE_DEFERRED = {
+    "name": "get_tide",
+    "description": "The day's high tide",
+    "input_schema": {"type": "object", "properties": {"place": {"type": "string"}}},
+    "defer_loading": True,
+}
+KYOTO = {"role": "user", "content": "When is high tide in Kyoto today?"}
+NOON = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "m",
+    "content": [{"type": "text", "text": "Noon."}],
+    "stop_reason": "end_turn",
+    "usage": {"input_tokens": 1, "output_tokens": 3},
+}
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 27")
+def test_an_anthropic_request_changing_its_tools_in_a_system_message_is_served_not_a_letter(
+    tmp_path,
+):
+    """No false letter; exactly what the engine built. vLLM's Anthropic server takes
+    `tool_addition` and `tool_removal` blocks in a message of role "system" (its
+    AnthropicContentBlock types; `_resolve_tools`): the tools the template sees are the
+    request's with a tool added by reference no longer deferred and a removed one dropped, and
+    the system message, holding no text, is not emitted. kvtrace letters the request
+    (`unsupported_content`): a tool-search agent sends these on every request of its session.
+    Promised: exported, its prompt the twin's whose tools are the resolved ones."""
+    weather = {
+        "name": "get_weather",
+        "description": "Current weather",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    changes = [
+        {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "get_tide"}},
+        {"type": "tool_removal", "tool": {"type": "tool_reference", "name": "get_weather"}},
+    ]
+    changed = {
+        "model": "m",
+        "max_tokens": 100,
+        "tools": [TIDE_DEFERRED, weather],
+        "messages": [{"role": "system", "content": changes}, KYOTO],
+    }
+    resolved = {
+        "model": "m",
+        "max_tokens": 100,
+        "tools": [{**TIDE_DEFERRED, "defer_loading": None}],
+        "messages": [KYOTO],
+    }
+    records = [
+        {"timestamp": T0, "request": changed, "response": NOON},
+        {"timestamp": T0 + 1000, "request": resolved, "response": NOON},
+    ]
+    code, rows, dead = qwen3_run(tmp_path, records, "--max-rejected-fraction", "1")
+    assert dead == [] and len(rows) == 2
+    assert rows[0]["input_length"] == rows[1]["input_length"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 27")
+def test_an_anthropic_tool_result_naming_a_found_tool_is_served_not_a_letter(tmp_path):
+    """No false letter. A tool-search tool's result names the tools it found by
+    `tool_reference` items in its tool_result's content, which vLLM's Anthropic server takes
+    (`_convert_user_tool_result`: a tool message of the references after the result's own)
+    and a `tool_reference` block elsewhere, which it accepts and skips. kvtrace letters the
+    request (`unsupported_content`), so every later request of such a session is lost from
+    the trace."""
+    search = {
+        "name": "tool_search",
+        "description": "Find tools",
+        "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}},
+    }
+    used = {"type": "tool_use", "id": "toolu_1", "name": "tool_search", "input": {"query": "tide"}}
+    found = [{"type": "tool_reference", "tool_name": "get_tide"}]
+    messages = [
+        KYOTO,
+        {"role": "assistant", "content": [used]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": found}],
+        },
+    ]
+    request = {
+        "model": "m",
+        "max_tokens": 100,
+        "tools": [search, TIDE_DEFERRED],
+        "messages": messages,
+    }
+    plain = {"model": "m", "max_tokens": 100, "messages": [KYOTO]}  # so the night publishes
+    records = [
+        {"timestamp": T0, "request": request, "response": NOON},
+        {"timestamp": T0 + 1000, "request": plain, "response": NOON},
+    ]
+    code, rows, dead = qwen3_run(tmp_path, records, "--max-rejected-fraction", "1")
+    assert dead == [] and len(rows) == 2
