@@ -300,3 +300,35 @@ def test_an_anthropic_tool_result_naming_a_found_tool_is_served_not_a_letter(tmp
     ]
     code, rows, dead = qwen3_run(tmp_path, records, "--max-rejected-fraction", "1")
     assert dead == [] and len(rows) == 2
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 27")
+def test_an_anthropic_request_with_thinking_disabled_is_rendered_with_thinking_off(tmp_path):
+    """Exactly what the engine built; no false letter. vLLM's Anthropic server renders
+    `thinking: {"type": "disabled"}` with the reasoning effort its DisabledThinkingEffortResolver
+    picks: on its default ("auto") it renders a one-message probe ("Hi") with effort "none" and
+    with each Anthropic effort, and takes "none" unless the template ignores it (then "low"), a
+    function of the chat template alone, which kvtrace holds and renders: for Qwen3's, "none"
+    (enable_thinking off: the empty think block rendered). kvtrace gets it wrong both ways:
+    - a request without a top-level system prompt, tools or Anthropic-only blocks is read as
+      Chat Completions (chat.is_anthropic: "renders alike either way"), its `thinking` (and
+      `output_config.effort`) ignored: exported with thinking on, 4 prompt tokens short (16
+      for the engine's 20), and its output turn counted under the same wrong setting;
+    - with a system prompt it is read as Anthropic and lettered (`unsupported_request`,
+      chat.anthropic_settings), all night for a client that turns thinking off for its quick
+      calls.
+    Promised: each exported as the engine rendered it, as the twin that turns thinking off
+    by its kwargs."""
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    disabled = {"thinking": {"type": "disabled"}}
+    plain = {"model": "m", "max_tokens": 100, "messages": [KYOTO]}
+    system = plain | {"system": "You answer in one word."}
+    bodies = [plain | disabled, plain | off, system | disabled, system | off]
+    records = [
+        {"timestamp": T0 + 1000 * at, "request": body, "response": NOON}
+        for at, body in enumerate(bodies)
+    ]
+    code, rows, dead = qwen3_run(tmp_path, records, "--max-rejected-fraction", "1")
+    assert dead == [] and len(rows) == 4
+    assert rows[0]["input_length"] == rows[1]["input_length"]
+    assert rows[2]["input_length"] == rows[3]["input_length"]
