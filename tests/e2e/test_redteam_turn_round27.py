@@ -332,3 +332,36 @@ def test_an_anthropic_request_with_thinking_disabled_is_rendered_with_thinking_o
     assert dead == [] and len(rows) == 4
     assert rows[0]["input_length"] == rows[1]["input_length"]
     assert rows[2]["input_length"] == rows[3]["input_length"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 27")
+def test_a_response_whose_reasoning_the_request_hid_is_not_exported_with_a_made_up_length(tmp_path):
+    """Never a made-up length. `include_reasoning: false` (a field vLLM's Chat Completions and
+    Responses request models take; records.API_FIELDS leaves it unread) makes the server drop
+    the reasoning from the response (message_assembly: `reasoning = None`) though the model
+    generated it: Qwen3 thinks first, here 400 tokens. Without usage kvtrace counts the turn
+    the response holds, an empty think block and "Yes.": 7 tokens for the 407 the engine
+    generated. The log does not hold the length: promised, a letter saying so (or, were it
+    known, the engine's count), never 7."""
+    thought = "I need to check divisibility of 9973 by primes up to 99. " * 20
+    generated = _tokens("<think>\n" + thought.strip() + "\n</think>\n\nYes.<|im_end|>")  # 407
+    question = [{"role": "user", "content": "Is 9973 prime? Answer yes or no."}]
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": "Yes."},
+        "finish_reason": "stop",
+    }
+    response = {"object": "chat.completion", "created": T0 // 1000, "choices": [choice]}
+    request = {"model": "m", "messages": question}
+    records = [
+        {"timestamp": T0, "request": request | {"include_reasoning": False}, "response": response},
+        {
+            "timestamp": T0 + 1000,
+            "request": request,
+            "response": response,
+        },  # so the night publishes
+    ]
+    code, rows, dead = qwen3_run(tmp_path, records, "--max-rejected-fraction", "1")
+    assert len(rows) + len(dead) == 2
+    hidden = [row for row in rows if row["timestamp"] == 0]
+    assert hidden == [] or hidden[0]["output_length"] == generated
