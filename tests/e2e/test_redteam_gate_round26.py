@@ -179,3 +179,16 @@ def test_a_night_of_the_widest_gap_the_batch_rule_keeps_stays_publishable(
         "audit", str(tmp_path / "out"), "--timestamp-granularity-ms", str(granule)
     )
     assert audited.returncode == 0, audited.stdout[-400:]
+
+
+def test_a_windows_rows_continue_the_window_before_it(night, tiny_tokenizer):
+    """The gap rule and time order hold across a stream's windows: _audit's rows start from
+    the window before's last row (last_ms), not afresh (a merge once dropped it: each window
+    was judged alone, and two windows 30 days apart passed)."""
+    from kvtrace.transforms.stats.audit import Given, _audit
+
+    given = Given(tokenizer=tiny_tokenizer)
+    assert _audit(str(night), given, None, -1)[0]["publishable"]
+    report, rows, _, _ = _audit(str(night), given, None, 40 * DAY_MS)
+    assert not report["publishable"]
+    assert rows.last_timestamp == 5000  # the folder's rows were added after last_ms

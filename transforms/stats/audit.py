@@ -233,7 +233,7 @@ def _audit(
         names = _entries(folder, gate)
         manifest = _manifest(folder, names, window_start is not None, gate)
         night = _night_rows(manifest, given, window_start is not None)
-        rows = _folder_rows(folder, names, manifest, gate, night)
+        _folder_rows(folder, names, manifest, gate, night, rows)
         if manifest is not None:
             _check_folder_against(folder, names, manifest, rows, gate)
             identity = night.identity() if night is not None and rows.complete else None
@@ -973,9 +973,11 @@ def _folder_rows(
     manifest: dict | None,
     gate: _Gate,
     night: NightRows | None = None,
+    rows: _Rows | None = None,
 ) -> _Rows:
-    """The rows of a folder's shards (names: its files), each shard checked as it is read."""
-    rows = _Rows()
+    """The rows of a folder's shards (names: its files), each shard checked as it is read;
+    added to rows when given (a stream's window continuing from the one before it)."""
+    rows = _Rows() if rows is None else rows
     for jsonl, parquet in _shard_pairs(names, gate):
         # A shard without its twin is flagged already; its rows are not read (a JSONL file
         # alone would be parsed into Python objects).
