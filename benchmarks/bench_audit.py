@@ -34,7 +34,7 @@ from kvtrace.transforms.trace_format import (  # noqa: E402
     parquet_bytes,
     shard_name,
 )
-from kvtrace.transforms.write.manifest import KVTRACE_VERSION, set_content_times  # noqa: E402
+from kvtrace.transforms.write.manifest import KVTRACE_VERSION, replay_contract, set_content_times  # noqa: E402
 from kvtrace.transforms.write.publish import sha256_of  # noqa: E402
 from kvtrace.transforms.write.replayers import replay_commands  # noqa: E402
 from kvtrace.transforms.write.totals import ExportTotals, export_stats  # noqa: E402
@@ -120,6 +120,7 @@ def write_folder(folder: Path, rows: int) -> None:
         "files": sorted(digests),
         "sha256": digests,
         "replay": replay_commands(BLOCK, rows, sorted(digests)),
+        **replay_contract(),  # the ids' scope and the hit rates' definitions, as anonymize's
     }
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
     set_content_times(str(folder))  # as anonymize publishes: the gate checks file times
