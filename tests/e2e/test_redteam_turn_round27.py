@@ -46,7 +46,6 @@ def _chunk(delta: dict, finish: str | None = None) -> dict:
     }
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 27")
 def test_a_streamed_tool_call_cut_at_max_tokens_is_exported_at_max_tokens(tmp_path):
     """Never a made-up length. An agent writing a long tool call (a file's content) runs into
     its `max_tokens`: the engine generated exactly max_tokens tokens (finish_reason "length":
@@ -76,7 +75,6 @@ def test_a_streamed_tool_call_cut_at_max_tokens_is_exported_at_max_tokens(tmp_pa
     assert rows[0]["output_length"] == generated
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 27")
 def test_a_request_ignoring_eos_cut_at_max_tokens_is_exported_at_max_tokens(tmp_path):
     """Never a made-up length. `ignore_eos` (a vLLM sampling parameter, load generators' and
     benchmark clients' default) makes the engine generate past the end-of-turn token until

@@ -570,6 +570,10 @@ def _request(
             raise Rejected("unjoined_batch", f"a Batch input line has no time: {BATCH_JOIN}")
         raise Rejected("missing_timestamp", "no timestamp, startTime or created field")
     output_text, output_length, counted = _output(declared_fields(record, envelope), body, response)
+    stopped = chat.ended_at_stop(response) if counted else None
+    cap = _token_cap(sent, API_FIELDS[api]) if stopped is False else None
+    if cap is not None:  # cut at its length: the cap is the count, whatever its text shows
+        output_text, output_length, counted, stopped = None, cap, False, None
     return Request(
         source=source,
         line=line,
@@ -581,11 +585,22 @@ def _request(
         cached_tokens=_cached_tokens(declared_fields(record, envelope), response),
         defaulted=("output_length",) if output_text is None and output_length is None else (),
         output_turn=_output_turn(response, budget) if counted and kind == "chat" else None,
-        output_stopped=chat.ended_at_stop(response) if counted else None,
+        output_stopped=stopped,
         links=links,
         continues=continued(fields.get("messages")) if options.links else None,
         **fields,
     )
+
+
+def _token_cap(sent: dict[str, Any], api: ApiFields) -> int | None:
+    """The request's cap on generated tokens (api.caps, first given), when it is a count;
+    None otherwise (the count from the response stands)."""
+    for name in api.caps:
+        value = sent.get(name)
+        if value is not None:
+            usable = isinstance(value, int) and not isinstance(value, bool)
+            return value if usable and 0 < value <= MAX_COUNT else None
+    return None
 
 
 def _output_turn(response: dict | list | None, budget: ContainerBudget) -> dict[str, Any] | None:
@@ -903,6 +918,9 @@ class ApiFields:
     reads: dict[str, FieldReader]
     leaves: frozenset[str]
     settings: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # The request's cap on generated tokens, first given wins: a sequence that ended at its
+    # length generated exactly that many (the engine refuses a cap past the context left).
+    caps: tuple[str, ...] = ()
 
 
 def _leaving(names: str) -> frozenset[str]:
@@ -945,6 +963,7 @@ API_FIELDS: dict[str, ApiFields] = {
             "parallel_tool_calls return_prompt_text"
         ),
         settings=chat.chat_completions_settings,
+        caps=("max_completion_tokens", "max_tokens"),
     ),
     COMPLETIONS: ApiFields(
         reads={
@@ -961,6 +980,7 @@ API_FIELDS: dict[str, ApiFields] = {
             ),
         },
         leaves=_leaving(f"{_SERVING} {_GENERATION}"),
+        caps=("max_tokens",),
     ),
     RESPONSES: ApiFields(
         reads={
@@ -988,6 +1008,7 @@ API_FIELDS: dict[str, ApiFields] = {
             "prompt_cache_retention safety_identifier enable_response_messages"
         ),
         settings=chat.responses_settings,
+        caps=("max_output_tokens",),
     ),
     ANTHROPIC: ApiFields(
         reads={
@@ -999,6 +1020,7 @@ API_FIELDS: dict[str, ApiFields] = {
         },
         leaves=_leaving(f"{_SERVING} max_tokens metadata stop_sequences tool_choice"),
         settings=chat.anthropic_settings,
+        caps=("max_tokens",),
     ),
 }
 

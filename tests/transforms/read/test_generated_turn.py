@@ -168,3 +168,34 @@ def test_a_turn_past_the_json_bounds_is_no_turn_and_the_text_counts(arguments):
     request = _parse({"request": {"messages": USER}, "response": response})
     assert (request.output_turn, request.output_text) == (None, "f" + arguments)
     assert request.output_stopped is True
+
+
+@pytest.mark.parametrize(
+    "request_fields, finish, counted",
+    [
+        ({"messages": USER, "max_tokens": 64}, "length", 64),
+        ({"messages": USER, "max_completion_tokens": 40, "max_tokens": 64}, "length", 40),
+        ({"prompt": "Tide?", "max_tokens": 9}, "length", 9),
+        ({"messages": USER, "max_tokens": 64}, "stop", None),  # stopped: counted as generated
+        ({"messages": USER}, "length", None),  # no cap: the response's count stands
+        ({"messages": USER, "max_tokens": True}, "length", None),  # no count: not a cap
+    ],
+    ids=["chat", "completion-tokens-first", "completions", "stopped", "no-cap", "not-a-count"],
+)
+def test_a_sequence_cut_at_its_length_generated_the_requests_cap(request_fields, finish, counted):
+    """The engine generates exactly the request's cap when it ends a sequence at its length
+    (ignore_eos, or a cut mid-call): the text a response keeps says less."""
+    choice = {"index": 0, "finish_reason": finish}
+    if "prompt" in request_fields:
+        choice["text"] = "Done."
+    else:
+        choice["message"] = {"role": "assistant", "content": "Done."}
+    request = _parse({"request": request_fields, "response": {"choices": [choice]}})
+    if counted is None:
+        assert (request.output_length, request.output_text) == (None, "Done.")
+    else:
+        assert (request.output_length, request.output_text, request.output_turn) == (
+            counted,
+            None,
+            None,
+        )
